@@ -1,0 +1,58 @@
+"""ferrodist's exception classes.
+
+Each class inherits both ferrodist's base and the class a ``torch.distributed`` user already
+catches, so ``except torch.distributed.DistStoreError`` (or ``except TimeoutError``) catches
+ferrodist's errors unchanged. The Rust core maps its one ``Error`` enum onto these classes in one
+place (``rust/python/errors.rs``).
+"""
+
+from __future__ import annotations
+
+import torch.distributed as _tdist
+
+__all__ = [
+    "ConnectionClosedError",
+    "DistBackendError",
+    "DistError",
+    "DistNetworkError",
+    "DistStoreError",
+    "FerrodistError",
+    "QueueEmptyError",
+    "StoreTimeoutError",
+]
+
+
+class FerrodistError(Exception):
+    """Base class of every ferrodist error."""
+
+
+class DistError(FerrodistError, _tdist.DistError):
+    """A distributed failure; also a ``torch.distributed.DistError`` (a ``RuntimeError``)."""
+
+
+class DistStoreError(DistError, _tdist.DistStoreError):
+    """A store operation failed; also a ``torch.distributed.DistStoreError``."""
+
+
+class DistNetworkError(DistError, _tdist.DistNetworkError):
+    """A network step failed; also a ``torch.distributed.DistNetworkError``."""
+
+
+class DistBackendError(DistError, _tdist.DistBackendError):
+    """A backend (gloo, NCCL) failed; also a ``torch.distributed.DistBackendError``."""
+
+
+class QueueEmptyError(DistStoreError, _tdist.QueueEmptyError):
+    """A non-blocking ``queue_pop`` found the queue empty."""
+
+
+class StoreTimeoutError(DistStoreError, TimeoutError):
+    """A blocking store call passed its deadline; the message names what never arrived.
+
+    Caught by ``except torch.distributed.DistStoreError`` (as torch's own timeouts are) and by
+    ``except TimeoutError``.
+    """
+
+
+class ConnectionClosedError(DistNetworkError, ConnectionError):
+    """The peer closed the connection or the store was shut down."""

@@ -1,0 +1,89 @@
+//! The one error type of the crate.
+//!
+//! Every fallible operation in the core returns [`Result`]. The variants carry enough context
+//! (operation, keys, peer, elapsed time) for a message a user can act on. The Python bindings map
+//! each variant to exactly one Python class in `rust/python/errors.rs`; those classes subclass the
+//! torch classes a torch user already catches (`DistStoreError`, `DistNetworkError`, ...).
+
+use std::time::Duration;
+
+/// Crate-wide result alias.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong in ferrodist's core.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A blocking operation passed its deadline. `detail` names what was still missing
+    /// (keys, ranks), so the user knows who to look for.
+    #[error("{op} timeout after {}ms, {detail}", after.as_millis())]
+    Timeout {
+        /// The operation that timed out (`wait`, `get`, `barrier`, ...).
+        op: String,
+        /// The timeout that was in force.
+        after: Duration,
+        /// What never arrived, e.g. `keys: {a, b}` or `missing ranks: [1, 3]`.
+        detail: String,
+    },
+    /// The peer closed the connection, or it broke mid-request.
+    #[error("connection to {peer} closed: {reason}")]
+    ConnectionClosed {
+        /// `host:port` of the peer.
+        peer: String,
+        /// What we were doing when it closed.
+        reason: String,
+    },
+    /// Connecting, binding or another network step failed.
+    #[error("{0}")]
+    Network(String),
+    /// An OS-level I/O failure not covered by a more specific variant.
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+    /// The peer sent bytes that do not follow the protocol.
+    #[error("protocol error: {0}")]
+    Protocol(String),
+    /// A caller passed an argument the operation cannot accept.
+    #[error("{0}")]
+    InvalidArgument(String),
+    /// A stored value cannot be used the way the operation needs (e.g. `add` on a non-integer).
+    #[error("{0}")]
+    InvalidValue(String),
+    /// A non-blocking queue pop found the queue empty.
+    #[error("queue is empty")]
+    QueueEmpty,
+    /// The store does not support the operation (torch raises `NotImplementedError` here too).
+    #[error("{0}")]
+    NotImplemented(String),
+    /// The store or server has been shut down.
+    #[error("{0} has been shut down")]
+    Shutdown(String),
+    /// A file store's log cannot be parsed.
+    #[error("file store {path} is corrupt: {reason}")]
+    Corrupt {
+        /// Path of the store file.
+        path: String,
+        /// What was wrong with it.
+        reason: String,
+    },
+    /// A store-level failure that is none of the above (torch's generic `DistStoreError`).
+    #[error("{0}")]
+    Store(String),
+    /// The operation was interrupted by the caller (e.g. Ctrl-C in Python).
+    #[error("interrupted")]
+    Interrupted,
+}
+
+impl Error {
+    /// Builds a [`Error::Timeout`] for a wait on `keys`.
+    pub fn wait_timeout(op: &str, after: Duration, keys: &[String]) -> Self {
+        Error::Timeout {
+            op: op.to_string(),
+            after,
+            detail: format!("keys: {{{}}}", keys.join(", ")),
+        }
+    }
+
+    /// True for [`Error::Timeout`].
+    pub fn is_timeout(&self) -> bool {
+        matches!(self, Error::Timeout { .. })
+    }
+}

@@ -1,0 +1,18 @@
+//! PyO3 bindings: the `ferrodist._native` extension module.
+//!
+//! Registration only. Each submodule wraps one core module and holds no logic of its own:
+//! convert the arguments, release the GIL, call the core, convert the result.
+
+mod blocking;
+mod errors;
+mod store;
+
+use pyo3::prelude::*;
+
+/// The native half of the `ferrodist` package; the public API is the Python package itself.
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    store::register(m)?;
+    Ok(())
+}

@@ -1,0 +1,222 @@
+//! `NativeStore`: one Python handle over any core [`Store`], plus the store factories.
+//!
+//! The public classes (`ferrodist.HashStore`, ...) are Python subclasses of
+//! `torch.distributed.Store` that delegate here, so torch accepts them wherever it takes a store.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use pyo3::prelude::*;
+use pyo3::types::PyBytes;
+
+use super::blocking::{detached, detached_sliced};
+use crate::store::{HashStore, Store};
+
+/// A value as torch accepts it: `bytes` or `str` (encoded as UTF-8).
+#[derive(FromPyObject)]
+pub enum Value<'py> {
+    /// Raw bytes, used as they are.
+    Bytes(Bound<'py, PyBytes>),
+    /// Text, stored as its UTF-8 encoding.
+    Text(String),
+}
+
+impl Value<'_> {
+    /// The bytes to store.
+    pub fn to_vec(&self) -> Vec<u8> {
+        match self {
+            Value::Bytes(b) => b.as_bytes().to_vec(),
+            Value::Text(s) => s.as_bytes().to_vec(),
+        }
+    }
+}
+
+/// A timeout as torch accepts it: `datetime.timedelta`, or a number of seconds.
+#[derive(FromPyObject)]
+pub enum Timeout {
+    /// A `datetime.timedelta`.
+    Delta(Duration),
+    /// Seconds as a float or int.
+    Seconds(f64),
+}
+
+impl Timeout {
+    /// The timeout as a `Duration`; negative or non-finite seconds are rejected.
+    pub fn duration(&self) -> PyResult<Duration> {
+        match self {
+            Timeout::Delta(d) => Ok(*d),
+            Timeout::Seconds(s) => Duration::try_from_secs_f64(*s).map_err(|_| {
+                pyo3::exceptions::PyValueError::new_err(format!(
+                    "timeout must be a non-negative number of seconds, got {s}"
+                ))
+            }),
+        }
+    }
+}
+
+fn timeout_or(store: &dyn Store, timeout: Option<Timeout>) -> PyResult<Duration> {
+    timeout.map_or_else(|| Ok(store.timeout()), |t| t.duration())
+}
+
+/// A handle to a native store. Built by the factory functions, not directly.
+#[pyclass(name = "NativeStore", module = "ferrodist._native", frozen)]
+pub struct PyNativeStore {
+    /// The core store behind this handle.
+    pub inner: Arc<dyn Store>,
+}
+
+impl PyNativeStore {
+    /// Wraps a core store.
+    pub fn new(inner: Arc<dyn Store>) -> Self {
+        PyNativeStore { inner }
+    }
+}
+
+#[pymethods]
+impl PyNativeStore {
+    /// Stores ``value`` (bytes or str) under ``key``.
+    fn set(&self, py: Python<'_>, key: &str, value: Value<'_>) -> PyResult<()> {
+        let value = value.to_vec();
+        detached(py, || self.inner.set(key, &value))
+    }
+
+    /// Returns the value of ``key`` as bytes, waiting up to the store timeout for it.
+    fn get(&self, py: Python<'_>, key: &str) -> PyResult<Vec<u8>> {
+        let timeout = self.inner.timeout();
+        detached_sliced(py, timeout, |slice| self.inner.get_timeout(key, slice))
+    }
+
+    /// Adds ``amount`` to the integer under ``key`` and returns the new value.
+    fn add(&self, py: Python<'_>, key: &str, amount: i64) -> PyResult<i64> {
+        detached(py, || self.inner.add(key, amount))
+    }
+
+    /// torch's compare-and-set; returns the value after the call.
+    fn compare_set(
+        &self,
+        py: Python<'_>,
+        key: &str,
+        expected_value: Value<'_>,
+        desired_value: Value<'_>,
+    ) -> PyResult<Vec<u8>> {
+        let (expected, desired) = (expected_value.to_vec(), desired_value.to_vec());
+        detached(py, || self.inner.compare_set(key, &expected, &desired))
+    }
+
+    /// True iff every key is present now.
+    fn check(&self, py: Python<'_>, keys: Vec<String>) -> PyResult<bool> {
+        detached(py, || self.inner.check(&keys))
+    }
+
+    /// Waits until every key is present, up to ``timeout`` (default: the store timeout).
+    #[pyo3(signature = (keys, timeout=None))]
+    fn wait(&self, py: Python<'_>, keys: Vec<String>, timeout: Option<Timeout>) -> PyResult<()> {
+        let timeout = timeout_or(&*self.inner, timeout)?;
+        detached_sliced(py, timeout, |slice| self.inner.wait(&keys, Some(slice)))
+    }
+
+    /// Removes ``key``; True iff it existed.
+    fn delete_key(&self, py: Python<'_>, key: &str) -> PyResult<bool> {
+        detached(py, || self.inner.delete_key(key))
+    }
+
+    /// Number of keys, internal ones included.
+    fn num_keys(&self, py: Python<'_>) -> PyResult<i64> {
+        detached(py, || self.inner.num_keys())
+    }
+
+    /// Appends ``value`` to ``key``.
+    fn append(&self, py: Python<'_>, key: &str, value: Value<'_>) -> PyResult<()> {
+        let value = value.to_vec();
+        detached(py, || self.inner.append(key, &value))
+    }
+
+    /// Values of every key, waiting for them up to the store timeout.
+    fn multi_get(&self, py: Python<'_>, keys: Vec<String>) -> PyResult<Vec<Vec<u8>>> {
+        let timeout = self.inner.timeout();
+        detached_sliced(py, timeout, |slice| self.inner.wait(&keys, Some(slice)))?;
+        detached(py, || self.inner.multi_get(&keys))
+    }
+
+    /// Sets each key to the matching value.
+    fn multi_set(&self, py: Python<'_>, keys: Vec<String>, values: Vec<Value<'_>>) -> PyResult<()> {
+        let values: Vec<Vec<u8>> = values.iter().map(Value::to_vec).collect();
+        detached(py, || self.inner.multi_set(&keys, &values))
+    }
+
+    /// Pushes ``value`` onto the queue ``key``.
+    fn queue_push(&self, py: Python<'_>, key: &str, value: Value<'_>) -> PyResult<()> {
+        let value = value.to_vec();
+        detached(py, || self.inner.queue_push(key, &value))
+    }
+
+    /// Pops the front of queue ``key``; with ``block``, waits up to the store timeout.
+    #[pyo3(signature = (key, block=true))]
+    fn queue_pop(&self, py: Python<'_>, key: &str, block: bool) -> PyResult<Vec<u8>> {
+        if block {
+            let timeout = self.inner.timeout();
+            let keys = [key.to_owned()];
+            detached_sliced(py, timeout, |slice| self.inner.wait(&keys, Some(slice)))?;
+        }
+        detached(py, || self.inner.queue_pop(key, false))
+    }
+
+    /// Length of queue ``key`` (0 if it does not exist).
+    fn queue_len(&self, py: Python<'_>, key: &str) -> PyResult<i64> {
+        detached(py, || self.inner.queue_len(key))
+    }
+
+    /// Every user-visible key.
+    fn list_keys(&self, py: Python<'_>) -> PyResult<Vec<String>> {
+        detached(py, || self.inner.list_keys())
+    }
+
+    /// Blocks until ``world_size`` callers reach the barrier ``key``.
+    #[pyo3(signature = (key, world_size, timeout=None))]
+    fn barrier(
+        &self,
+        py: Python<'_>,
+        key: &str,
+        world_size: i64,
+        timeout: Option<Timeout>,
+    ) -> PyResult<()> {
+        let timeout = timeout_or(&*self.inner, timeout)?;
+        detached(py, || self.inner.barrier(key, world_size, Some(timeout)))
+    }
+
+    /// The default timeout of blocking calls.
+    #[getter]
+    fn timeout(&self) -> Duration {
+        self.inner.timeout()
+    }
+
+    /// Sets the default timeout of blocking calls.
+    fn set_timeout(&self, timeout: Timeout) -> PyResult<()> {
+        self.inner.set_timeout(timeout.duration()?);
+        Ok(())
+    }
+
+    /// A new handle to the same store.
+    fn clone(&self, py: Python<'_>) -> PyResult<Self> {
+        let inner = detached(py, || self.inner.clone_store())?;
+        Ok(PyNativeStore { inner })
+    }
+
+    /// True when append/multi_get/multi_set are native.
+    fn has_extended_api(&self) -> bool {
+        self.inner.has_extended_api()
+    }
+}
+
+/// A new in-process store (torch's ``HashStore``).
+#[pyfunction]
+fn hash_store() -> PyNativeStore {
+    PyNativeStore::new(Arc::new(HashStore::new()))
+}
+
+/// Adds the store class and factories to the module.
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PyNativeStore>()?;
+    m.add_function(wrap_pyfunction!(hash_store, m)?)?;
+    Ok(())
+}

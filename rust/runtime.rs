@@ -1,0 +1,62 @@
+//! The one tokio runtime of the process.
+//!
+//! Built lazily on first use, never at import, so `import ferrodist` costs nothing and a process
+//! that only uses in-memory stores never starts a thread. A forked child (DataLoader workers)
+//! must not touch the parent's runtime: its worker threads do not exist in the child. So the
+//! runtime remembers the pid that built it and a child builds its own; the parent's copy is
+//! leaked in the child on purpose, since dropping it would try to join threads that are gone.
+
+use std::sync::{Arc, Mutex};
+
+use tokio::runtime::{Builder, Runtime};
+
+/// Environment variable that overrides the number of worker threads.
+pub const WORKER_THREADS_ENV: &str = "FERRODIST_RUNTIME_THREADS";
+
+/// Two workers serve thousands of store connections; the work per request is tiny.
+const DEFAULT_WORKER_THREADS: usize = 2;
+
+static RUNTIME: Mutex<Option<(u32, Arc<Runtime>)>> = Mutex::new(None);
+
+/// The process-wide runtime, built on first call (and again in a forked child).
+pub fn runtime() -> Arc<Runtime> {
+    let pid = std::process::id();
+    let mut slot = RUNTIME.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    if let Some((owner, rt)) = slot.as_ref() {
+        if *owner == pid {
+            return Arc::clone(rt);
+        }
+    }
+    if let Some((_, inherited)) = slot.take() {
+        // Inherited across fork: its threads are gone, so it must never be dropped here.
+        std::mem::forget(inherited);
+    }
+    let threads = std::env::var(WORKER_THREADS_ENV)
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .filter(|&n| n > 0)
+        .unwrap_or(DEFAULT_WORKER_THREADS);
+    let rt = Arc::new(
+        Builder::new_multi_thread()
+            .worker_threads(threads)
+            .thread_name("ferrodist-rt")
+            .enable_all()
+            .build()
+            .expect("building the tokio runtime failed: out of threads or file descriptors"),
+    );
+    *slot = Some((pid, Arc::clone(&rt)));
+    rt
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn runtime_is_shared_within_a_process() {
+        let a = runtime();
+        let b = runtime();
+        assert!(Arc::ptr_eq(&a, &b));
+        assert_eq!(a.block_on(async { 2 + 2 }), 4);
+    }
+}

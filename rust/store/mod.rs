@@ -1,0 +1,274 @@
+//! The Store abstraction: a small key/value service that ranks use to find each other.
+//!
+//! The trait mirrors torch's `c10d::Store` (set, get, add, compare_set, wait, queues, ...), so
+//! every implementation can stand in for a torch store. Two decisions shape it:
+//!
+//! * **Every blocking call has a deadline.** `get`, `wait`, blocking `queue_pop` and `barrier`
+//!   use the store's timeout unless given one; a zero timeout means "no deadline", as in torch.
+//!   [`wait_interruptible`] cuts a long wait into short slices so a caller (Python) can check
+//!   for Ctrl-C between them without losing the overall deadline or its error message.
+//! * **Defaults match torch's base class.** A store that lacks an operation gets torch's
+//!   fallback (append as a compare_set loop, multi_get one key at a time, barrier from add +
+//!   wait) or torch's `NotImplemented` error (queues, list_keys).
+
+pub mod hash;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::error::{Error, Result};
+
+pub use hash::HashStore;
+
+/// torch's `kDefaultTimeout`: 300 s for every store unless set otherwise.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// Longest uninterrupted slice of a wait when the caller wants to poll for interrupts.
+pub const INTERRUPT_POLL: Duration = Duration::from_millis(100);
+
+/// A point in time after which a blocking call gives up; `None` waits forever
+/// (torch's `kNoTimeout`, a zero timeout).
+#[derive(Debug, Clone, Copy)]
+pub struct Deadline {
+    at: Option<Instant>,
+    timeout: Duration,
+}
+
+impl Deadline {
+    /// A deadline `timeout` from now; zero means never.
+    pub fn after(timeout: Duration) -> Self {
+        let at = if timeout.is_zero() {
+            None
+        } else {
+            Instant::now().checked_add(timeout)
+        };
+        Deadline { at, timeout }
+    }
+
+    /// The timeout this deadline was built from (for error messages).
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// Time left, `None` when unbounded; zero once passed.
+    pub fn remaining(&self) -> Option<Duration> {
+        self.at
+            .map(|at| at.saturating_duration_since(Instant::now()))
+    }
+
+    /// True once the deadline has passed.
+    pub fn expired(&self) -> bool {
+        self.remaining().is_some_and(|left| left.is_zero())
+    }
+}
+
+/// A torch-compatible key/value store. Keys are strings, values raw bytes.
+///
+/// Implementations are shared across threads (`Arc<dyn Store>`) and every method may be called
+/// concurrently.
+pub trait Store: Send + Sync {
+    /// Stores `value` under `key`, waking waiters on it.
+    fn set(&self, key: &str, value: &[u8]) -> Result<()>;
+
+    /// Returns the value of `key`, waiting up to the store timeout for it to appear.
+    fn get(&self, key: &str) -> Result<Vec<u8>> {
+        self.get_timeout(key, self.timeout())
+    }
+
+    /// Returns the value of `key`, waiting up to `timeout` (zero: forever) for it to appear.
+    fn get_timeout(&self, key: &str, timeout: Duration) -> Result<Vec<u8>>;
+
+    /// Adds `amount` to the integer stored (as decimal text) under `key`, creating it at 0.
+    fn add(&self, key: &str, amount: i64) -> Result<i64>;
+
+    /// Sets `key` to `desired` if its value equals `expected` (or it is missing and `expected`
+    /// is empty). Returns the value after the call, with torch's quirk for a missing key.
+    fn compare_set(&self, key: &str, expected: &[u8], desired: &[u8]) -> Result<Vec<u8>>;
+
+    /// True iff every key is present (now, without waiting).
+    fn check(&self, keys: &[String]) -> Result<bool>;
+
+    /// Waits until every key is present; `timeout` of `None` uses the store timeout.
+    fn wait(&self, keys: &[String], timeout: Option<Duration>) -> Result<()>;
+
+    /// Removes `key`; true iff it existed (FileStore always says true, as torch's does).
+    fn delete_key(&self, key: &str) -> Result<bool>;
+
+    /// Number of keys, internal ones included (as torch counts them).
+    fn num_keys(&self) -> Result<i64>;
+
+    /// The store's default timeout for blocking calls.
+    fn timeout(&self) -> Duration;
+
+    /// Changes the default timeout for blocking calls.
+    fn set_timeout(&self, timeout: Duration);
+
+    /// A new handle to the same store (torch's `clone()`).
+    fn clone_store(&self) -> Result<Arc<dyn Store>>;
+
+    /// True when append, multi_get and multi_set are native rather than fallbacks.
+    fn has_extended_api(&self) -> bool {
+        false
+    }
+
+    /// Appends `value` to `key` (creating it). Default: torch's compare_set retry loop.
+    fn append(&self, key: &str, value: &[u8]) -> Result<()> {
+        let mut expected: Vec<u8> = Vec::new();
+        loop {
+            let mut desired = expected.clone();
+            desired.extend_from_slice(value);
+            let now = self.compare_set(key, &expected, &desired)?;
+            if now == desired {
+                return Ok(());
+            }
+            expected = now;
+        }
+    }
+
+    /// Gets every key, waiting for each against one shared deadline. Default: one get per key.
+    fn multi_get(&self, keys: &[String]) -> Result<Vec<Vec<u8>>> {
+        keys.iter().map(|k| self.get(k)).collect()
+    }
+
+    /// Sets every pair in order. Default: one set per pair.
+    fn multi_set(&self, keys: &[String], values: &[Vec<u8>]) -> Result<()> {
+        if keys.len() != values.len() {
+            return Err(Error::InvalidArgument(format!(
+                "multi_set: {} keys but {} values",
+                keys.len(),
+                values.len()
+            )));
+        }
+        keys.iter()
+            .zip(values)
+            .try_for_each(|(k, v)| self.set(k, v))
+    }
+
+    /// Pushes `value` on the queue named `key`.
+    fn queue_push(&self, _key: &str, _value: &[u8]) -> Result<()> {
+        Err(Error::NotImplemented(
+            "queue support is not implemented.".into(),
+        ))
+    }
+
+    /// Pops the front of queue `key`; with `block`, first waits (store timeout) for an element.
+    fn queue_pop(&self, _key: &str, _block: bool) -> Result<Vec<u8>> {
+        Err(Error::NotImplemented(
+            "queue support is not implemented.".into(),
+        ))
+    }
+
+    /// Length of queue `key`, 0 when it does not exist.
+    fn queue_len(&self, _key: &str) -> Result<i64> {
+        Err(Error::NotImplemented(
+            "queue support is not implemented.".into(),
+        ))
+    }
+
+    /// Every user-visible key.
+    fn list_keys(&self) -> Result<Vec<String>> {
+        Err(Error::NotImplemented(
+            "listKeys support is not implemented.".into(),
+        ))
+    }
+
+    /// Blocks until `world_size` callers have reached the barrier named `key`.
+    /// Default: torch's fallback from add + wait on `key/num_members` and `key/last_member`.
+    fn barrier(&self, key: &str, world_size: i64, timeout: Option<Duration>) -> Result<()> {
+        let arrived = self.add(&format!("{key}/num_members"), 1)?;
+        let last = format!("{key}/last_member");
+        if arrived == world_size {
+            self.set(&last, b"1")?;
+        }
+        self.wait(&[last], timeout).map_err(|err| match err {
+            Error::Timeout { after, .. } => Error::Timeout {
+                op: "barrier".into(),
+                after,
+                detail: format!("key: {key}"),
+            },
+            other => other,
+        })
+    }
+}
+
+/// Runs a blocking operation in slices of at most [`INTERRUPT_POLL`] so that `interrupted` can
+/// run between them (Python checks for Ctrl-C there); an `Err` from it ends the call with that
+/// error. `op` gets the length of each slice and is retried while it times out, until `timeout`
+/// (zero: forever) has passed. The final timeout error reports the whole `timeout`, not a slice.
+///
+/// Only for operations that are safe to repeat after a timeout (get, wait, multi_get); not for
+/// a server-side barrier, which counts each attempt.
+pub fn sliced<T>(
+    timeout: Duration,
+    mut op: impl FnMut(Duration) -> Result<T>,
+    interrupted: &mut dyn FnMut() -> Result<()>,
+) -> Result<T> {
+    let deadline = Deadline::after(timeout);
+    loop {
+        let (slice, last) = match deadline.remaining() {
+            Some(left) if left <= INTERRUPT_POLL => (left.max(Duration::from_millis(1)), true),
+            Some(_) | None => (INTERRUPT_POLL, false),
+        };
+        match op(slice) {
+            Err(Error::Timeout { op, detail, .. }) if last => {
+                return Err(Error::Timeout {
+                    op,
+                    after: timeout,
+                    detail,
+                })
+            }
+            Err(err) if err.is_timeout() => interrupted()?,
+            other => return other,
+        }
+    }
+}
+
+/// Parses a counter the way torch's stores do (`std::stoll`): optional leading whitespace and
+/// sign, then the longest run of digits. A missing or empty value counts as 0 only where the
+/// caller decides so; here empty and non-numeric values are an error.
+pub fn parse_counter(key: &str, value: &[u8]) -> Result<i64> {
+    let text = std::str::from_utf8(value).unwrap_or("");
+    let trimmed = text.trim_start();
+    let (sign, digits) = match trimmed.as_bytes().first() {
+        Some(b'-') => (-1i128, &trimmed[1..]),
+        Some(b'+') => (1i128, &trimmed[1..]),
+        _ => (1i128, trimmed),
+    };
+    let run: &str = &digits[..digits
+        .bytes()
+        .position(|b| !b.is_ascii_digit())
+        .unwrap_or(digits.len())];
+    let bad = || {
+        Error::InvalidValue(format!(
+            "add: value of key '{key}' is not an integer: {:?}",
+            String::from_utf8_lossy(value)
+        ))
+    };
+    if run.is_empty() {
+        return Err(bad());
+    }
+    let magnitude: i128 = run.parse().map_err(|_| bad())?;
+    i64::try_from(sign * magnitude).map_err(|_| bad())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counter_parsing_follows_stoll() {
+        assert_eq!(parse_counter("k", b"12abc").unwrap(), 12);
+        assert_eq!(parse_counter("k", b"  +7").unwrap(), 7);
+        assert_eq!(parse_counter("k", b"-3").unwrap(), -3);
+        assert!(parse_counter("k", b"").is_err());
+        assert!(parse_counter("k", b"abc").is_err());
+        assert!(parse_counter("k", b"99999999999999999999").is_err());
+    }
+
+    #[test]
+    fn zero_timeout_never_expires() {
+        let deadline = Deadline::after(Duration::ZERO);
+        assert!(deadline.remaining().is_none());
+        assert!(!deadline.expired());
+    }
+}

@@ -1,0 +1,29 @@
+# Sourced by scripts/demo and scripts/test: everything a fresh machine needs, done once.
+#  1. a venv (.venv, or $FERRODIST_VENV) with torch and the test tools, created on first use and
+#     reused after (torch is never reinstalled while the venv has the pinned version);
+#  2. the Rust extension and the ferrodist-store server, built in place by maturin and cargo;
+#  3. PYTHONPATH and PATH pointing at this checkout, so several checkouts can share one venv.
+set -euo pipefail
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+VENV=${FERRODIST_VENV:-$REPO/.venv}
+PY=$VENV/bin/python
+
+if [ ! -x "$PY" ]; then
+  echo "== creating the venv at $VENV"
+  python3 -m venv "$VENV"
+  "$PY" -m pip install -q --upgrade pip
+fi
+stamp=$VENV/.ferrodist-requirements.$(sha1sum "$REPO/requirements-dev.txt" | cut -c1-12)
+if [ ! -f "$stamp" ]; then
+  echo "== installing torch and the test tools into $VENV (first run downloads several GB)"
+  "$PY" -m pip install -q -r "$REPO/requirements-dev.txt"
+  touch "$stamp"
+fi
+
+export VIRTUAL_ENV=$VENV
+export PATH=$VENV/bin:$REPO/target/release:$PATH
+echo "== building ferrodist (maturin, release)"
+(cd "$REPO" && maturin develop --release --skip-install -q 2>&1 | grep -v "^📦\|^🔗\|^🐍\|^✏️\|^🛠" || true)
+test -f "$REPO"/python/ferrodist/_native*.so || { echo "maturin build failed" >&2; exit 1; }
+(cd "$REPO" && cargo build --release -q --bin ferrodist-store)
+export PYTHONPATH=$REPO/python${PYTHONPATH:+:$PYTHONPATH}
