@@ -21,7 +21,9 @@ static RUNTIME: Mutex<Option<(u32, Arc<Runtime>)>> = Mutex::new(None);
 /// The process-wide runtime, built on first call (and again in a forked child).
 pub fn runtime() -> Arc<Runtime> {
     let pid = std::process::id();
-    let mut slot = RUNTIME.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let mut slot = RUNTIME
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
     if let Some((owner, rt)) = slot.as_ref() {
         if *owner == pid {
             return Arc::clone(rt);

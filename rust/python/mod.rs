@@ -5,6 +5,7 @@
 
 mod blocking;
 mod errors;
+mod foreign_store;
 mod store;
 
 use pyo3::prelude::*;
@@ -14,5 +15,6 @@ use pyo3::prelude::*;
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     store::register(m)?;
+    m.add_function(wrap_pyfunction!(foreign_store::wrap_store, m)?)?;
     Ok(())
 }

@@ -69,7 +69,11 @@ impl HashStore {
     ) -> std::result::Result<MutexGuard<'a, State>, MutexGuard<'a, State>> {
         while !ready(&guard) {
             guard = match deadline.remaining() {
-                None => self.shared.changed.wait(guard).unwrap_or_else(|p| p.into_inner()),
+                None => self
+                    .shared
+                    .changed
+                    .wait(guard)
+                    .unwrap_or_else(|p| p.into_inner()),
                 Some(left) if left.is_zero() => return Err(guard),
                 Some(left) => {
                     self.shared
@@ -168,11 +172,19 @@ impl Store for HashStore {
     }
 
     fn timeout(&self) -> Duration {
-        *self.shared.timeout.lock().unwrap_or_else(|p| p.into_inner())
+        *self
+            .shared
+            .timeout
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
     }
 
     fn set_timeout(&self, timeout: Duration) {
-        *self.shared.timeout.lock().unwrap_or_else(|p| p.into_inner()) = timeout;
+        *self
+            .shared
+            .timeout
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = timeout;
     }
 
     fn clone_store(&self) -> Result<Arc<dyn Store>> {
@@ -303,7 +315,10 @@ mod tests {
     #[test]
     fn queue_pop_on_empty_queue_is_queue_empty() {
         let store = HashStore::new();
-        assert!(matches!(store.queue_pop("q", false), Err(Error::QueueEmpty)));
+        assert!(matches!(
+            store.queue_pop("q", false),
+            Err(Error::QueueEmpty)
+        ));
         store.queue_push("q", b"a").unwrap();
         assert_eq!(store.queue_len("q").unwrap(), 1);
         assert!(store.check(&["q".into()]).unwrap());
