@@ -12,13 +12,20 @@
 //!   wait) or torch's `NotImplemented` error (queues, list_keys).
 
 pub mod hash;
+// --- file and prefix stores ---
+pub mod file;
+mod file_lock;
+pub mod file_log;
+pub mod prefix;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
 
+pub use file::FileStore;
 pub use hash::HashStore;
+pub use prefix::PrefixStore;
 
 /// torch's `kDefaultTimeout`: 300 s for every store unless set otherwise.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
