@@ -38,7 +38,7 @@ def _ops(store: tdist.Store) -> dict[str, Callable[[int], None]]:
             store.get(keys[i % nkeys])
 
     def adds(n: int) -> None:
-        for i in range(n):
+        for _ in range(n):
             store.add("counter", 1)
 
     def checks(n: int) -> None:

@@ -21,7 +21,7 @@ pub struct Value(Vec<u8>);
 
 impl Value {
     /// The bytes to store.
-    pub fn to_vec(self) -> Vec<u8> {
+    pub fn into_vec(self) -> Vec<u8> {
         self.0
     }
 }
@@ -88,7 +88,7 @@ impl PyNativeStore {
 impl PyNativeStore {
     /// Stores ``value`` (bytes or str) under ``key``.
     fn set(&self, py: Python<'_>, key: &str, value: Value) -> PyResult<()> {
-        let value = value.to_vec();
+        let value = value.into_vec();
         detached(py, || self.inner.set(key, &value))
     }
 
@@ -111,7 +111,7 @@ impl PyNativeStore {
         expected_value: Value,
         desired_value: Value,
     ) -> PyResult<Vec<u8>> {
-        let (expected, desired) = (expected_value.to_vec(), desired_value.to_vec());
+        let (expected, desired) = (expected_value.into_vec(), desired_value.into_vec());
         detached(py, || self.inner.compare_set(key, &expected, &desired))
     }
 
@@ -139,7 +139,7 @@ impl PyNativeStore {
 
     /// Appends ``value`` to ``key``.
     fn append(&self, py: Python<'_>, key: &str, value: Value) -> PyResult<()> {
-        let value = value.to_vec();
+        let value = value.into_vec();
         detached(py, || self.inner.append(key, &value))
     }
 
@@ -152,13 +152,13 @@ impl PyNativeStore {
 
     /// Sets each key to the matching value.
     fn multi_set(&self, py: Python<'_>, keys: Vec<String>, values: Vec<Value>) -> PyResult<()> {
-        let values: Vec<Vec<u8>> = values.into_iter().map(Value::to_vec).collect();
+        let values: Vec<Vec<u8>> = values.into_iter().map(Value::into_vec).collect();
         detached(py, || self.inner.multi_set(&keys, &values))
     }
 
     /// Pushes ``value`` onto the queue ``key``.
     fn queue_push(&self, py: Python<'_>, key: &str, value: Value) -> PyResult<()> {
-        let value = value.to_vec();
+        let value = value.into_vec();
         detached(py, || self.inner.queue_push(key, &value))
     }
 
