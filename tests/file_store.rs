@@ -161,3 +161,20 @@ fn prefix_store_over_a_file_store() {
     prefixed.append("k", b"w").unwrap();
     assert_eq!(prefixed.get("k").unwrap(), b"vw");
 }
+
+#[test]
+fn readers_wait_for_a_missing_file_then_time_out() {
+    let (_dir, path) = temp_path();
+    let store = FileStore::new(&path, -1).unwrap();
+    std::fs::remove_file(&path).unwrap();
+    store.set_timeout(Duration::from_millis(50));
+    let err = store.num_keys().unwrap_err();
+    assert!(
+        err.is_timeout() && err.to_string().contains("does not exist"),
+        "{err}"
+    );
+    assert!(!store.check(&["k".into()]).unwrap());
+    // A writer recreates it, as torch's writers do.
+    store.set("k", b"v").unwrap();
+    assert_eq!(store.num_keys().unwrap(), 1);
+}

@@ -181,6 +181,20 @@ impl FileStore {
         self.locked(LockMode::Shared, |_, replica| Ok(op(replica)))
     }
 
+    /// Reads the replica, waiting (store timeout) for the file to exist, as torch's readers do.
+    fn when_present<T>(&self, op: &str, read: impl Fn(&Replica) -> T) -> Result<T> {
+        let timeout = self.timeout();
+        self.poll(
+            timeout,
+            |replica| Some(read(replica)),
+            || Error::Timeout {
+                op: op.to_owned(),
+                after: timeout,
+                detail: format!("file {} does not exist", self.path.display()),
+            },
+        )
+    }
+
     /// Polls `ready` until it yields a value or `timeout` (zero: never) passes.
     fn poll<T>(
         &self,
@@ -277,8 +291,7 @@ impl Store for FileStore {
     }
 
     fn num_keys(&self) -> Result<i64> {
-        self.read(|replica| replica.map.len() as i64)?
-            .ok_or_else(|| self.corrupt("the file does not exist"))
+        self.when_present("num_keys", |replica| replica.map.len() as i64)
     }
 
     fn timeout(&self) -> Duration {
@@ -297,14 +310,13 @@ impl Store for FileStore {
     fn list_keys(&self) -> Result<Vec<String>> {
         // torch drops the first character of every stored key: `/k` -> `k`, and its own
         // internal keys come out as `efcount/` and `leanup/`. We return the same list.
-        self.read(|replica| {
+        self.when_present("list_keys", |replica| {
             replica
                 .map
                 .keys()
                 .map(|k| k.get(1..).unwrap_or_default().to_owned())
                 .collect()
-        })?
-        .ok_or_else(|| self.corrupt("the file does not exist"))
+        })
     }
 }
 
