@@ -92,6 +92,7 @@ def _sweep(phase: str, info: dict[str, int]) -> None:
             _pinned.discard(store)
 
 
+_layout_ok()  # a few microseconds; done now so no __del__ ever builds the probe
 gc.callbacks.append(_sweep)
 # At exit, let go as an ordinary Python reference would be let go, so files get cleaned up.
 atexit.register(_pinned.clear)

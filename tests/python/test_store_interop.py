@@ -61,6 +61,24 @@ def test_torch_prefix_store_over_a_ferrodist_store_outlives_the_python_reference
     assert prefixed.get("q/x") == b"1"
 
 
+def test_a_file_store_torch_held_is_released_and_cleaned_up_when_torch_lets_go(
+    tmp_path: Path,
+) -> None:
+    from ferrodist import _lifetime
+
+    assert _lifetime._layout_ok(), "the precise keep-alive is in effect on this torch"
+    path = tmp_path / "store"
+    prefixed = tdist.PrefixStore("x", ferrodist.FileStore(str(path), 1))
+    gc.collect()
+    prefixed.set("k", "v")
+    assert prefixed.get("k") == b"v"
+    assert path.exists()
+    del prefixed
+    gc.collect()
+    # torch let go, so the only instance closed and (world_size 1) removed the file.
+    assert not path.exists()
+
+
 @pytest.mark.parametrize(
     "make_base",
     [tdist.HashStore, ferrodist.HashStore, lambda: tdist.PrefixStore("t", tdist.HashStore())],
