@@ -18,6 +18,8 @@ from ferrodist.errors import (
     QueueEmptyError,
     StoreTimeoutError,
 )
+from ferrodist.file_store import FileStore  # --- file and prefix stores ---
+from ferrodist.prefix_store import PrefixStore  # --- file and prefix stores ---
 from ferrodist.store import HashStore, Store
 
 __version__: str = _native.__version__
@@ -29,7 +31,9 @@ __all__ = [
     "DistNetworkError",
     "DistStoreError",
     "FerrodistError",
+    "FileStore",  # --- file and prefix stores ---
     "HashStore",
+    "PrefixStore",  # --- file and prefix stores ---
     "QueueEmptyError",
     "Store",
     "StoreTimeoutError",

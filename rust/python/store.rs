@@ -6,28 +6,40 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
-use pyo3::types::PyBytes;
+use pyo3::types::{PyBytes, PyString};
 
 use super::blocking::{detached, detached_sliced};
 use crate::store::{HashStore, Store};
 
 /// A value as torch accepts it: `bytes` or `str` (encoded as UTF-8).
-#[derive(FromPyObject)]
-pub enum Value<'py> {
-    /// Raw bytes, used as they are.
-    Bytes(Bound<'py, PyBytes>),
-    /// Text, stored as its UTF-8 encoding.
-    Text(String),
+///
+/// Checked by type rather than by trying each conversion in turn: a failed attempt builds a
+/// Python exception, which made `set("k", "v")` several times slower.
+pub struct Value(Vec<u8>);
+
+impl Value {
+    /// The bytes to store.
+    pub fn into_vec(self) -> Vec<u8> {
+        self.0
+    }
 }
 
-impl Value<'_> {
-    /// The bytes to store.
-    pub fn to_vec(&self) -> Vec<u8> {
-        match self {
-            Value::Bytes(b) => b.as_bytes().to_vec(),
-            Value::Text(s) => s.as_bytes().to_vec(),
+impl<'a, 'py> FromPyObject<'a, 'py> for Value {
+    type Error = PyErr;
+
+    fn extract(obj: Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
+        if let Ok(text) = obj.cast::<PyString>() {
+            return Ok(Value(text.to_cow()?.as_bytes().to_vec()));
         }
+        if let Ok(bytes) = obj.cast::<PyBytes>() {
+            return Ok(Value(bytes.as_bytes().to_vec()));
+        }
+        Err(PyTypeError::new_err(format!(
+            "expected str or bytes, got {}",
+            obj.get_type().name()?
+        )))
     }
 }
 
@@ -75,8 +87,8 @@ impl PyNativeStore {
 #[pymethods]
 impl PyNativeStore {
     /// Stores ``value`` (bytes or str) under ``key``.
-    fn set(&self, py: Python<'_>, key: &str, value: Value<'_>) -> PyResult<()> {
-        let value = value.to_vec();
+    fn set(&self, py: Python<'_>, key: &str, value: Value) -> PyResult<()> {
+        let value = value.into_vec();
         detached(py, || self.inner.set(key, &value))
     }
 
@@ -96,10 +108,10 @@ impl PyNativeStore {
         &self,
         py: Python<'_>,
         key: &str,
-        expected_value: Value<'_>,
-        desired_value: Value<'_>,
+        expected_value: Value,
+        desired_value: Value,
     ) -> PyResult<Vec<u8>> {
-        let (expected, desired) = (expected_value.to_vec(), desired_value.to_vec());
+        let (expected, desired) = (expected_value.into_vec(), desired_value.into_vec());
         detached(py, || self.inner.compare_set(key, &expected, &desired))
     }
 
@@ -126,8 +138,8 @@ impl PyNativeStore {
     }
 
     /// Appends ``value`` to ``key``.
-    fn append(&self, py: Python<'_>, key: &str, value: Value<'_>) -> PyResult<()> {
-        let value = value.to_vec();
+    fn append(&self, py: Python<'_>, key: &str, value: Value) -> PyResult<()> {
+        let value = value.into_vec();
         detached(py, || self.inner.append(key, &value))
     }
 
@@ -139,14 +151,14 @@ impl PyNativeStore {
     }
 
     /// Sets each key to the matching value.
-    fn multi_set(&self, py: Python<'_>, keys: Vec<String>, values: Vec<Value<'_>>) -> PyResult<()> {
-        let values: Vec<Vec<u8>> = values.iter().map(Value::to_vec).collect();
+    fn multi_set(&self, py: Python<'_>, keys: Vec<String>, values: Vec<Value>) -> PyResult<()> {
+        let values: Vec<Vec<u8>> = values.into_iter().map(Value::into_vec).collect();
         detached(py, || self.inner.multi_set(&keys, &values))
     }
 
     /// Pushes ``value`` onto the queue ``key``.
-    fn queue_push(&self, py: Python<'_>, key: &str, value: Value<'_>) -> PyResult<()> {
-        let value = value.to_vec();
+    fn queue_push(&self, py: Python<'_>, key: &str, value: Value) -> PyResult<()> {
+        let value = value.into_vec();
         detached(py, || self.inner.queue_push(key, &value))
     }
 
