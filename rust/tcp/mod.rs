@@ -25,15 +25,20 @@
 //! `server.rs` listener; `shutdown.rs` stop + drain; `client.rs` async client; `store.rs`
 //! blocking Store facade.
 
+pub mod cli;
+pub mod client;
 pub mod codec;
 pub mod handler;
 pub mod server;
 pub mod shutdown;
 pub mod state;
+pub mod store;
 
+pub use client::Client;
 pub use codec::{
     decode_reply, decode_request, scan_request, FrameError, Limits, Opcode, Reply, ReplyKind,
     Request, Scan,
 };
 pub use server::{Server, ServerConfig};
 pub use state::Db;
+pub use store::{TcpStore, TcpStoreOptions};
