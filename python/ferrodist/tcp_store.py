@@ -132,7 +132,7 @@ class TCPStore(_NativeBackedStore):
         return self._handle.port
 
     @property
-    def libuvBackend(self) -> bool:  # noqa: N802 (torch's name)
+    def libuvBackend(self) -> bool:
         """``use_libuv`` as given (ferrodist has one server; the flag only gates queues)."""
         return self._handle.libuv_backend
 
