@@ -5,11 +5,11 @@ every client call fail fast with ``DistNetworkError``.
 
 from __future__ import annotations
 
+import re
 import signal
 import sys
 import threading
 import time
-import tomllib
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, Callable
@@ -50,9 +50,11 @@ def test_console_script_serves_then_stops_cleanly_on_sigint() -> None:
 
 
 def test_the_wheel_installs_the_console_script() -> None:
-    with open(REPO / "pyproject.toml", "rb") as f:
-        scripts = tomllib.load(f)["project"]["scripts"]
-    module, _, function = scripts["ferrodist-store"].partition(":")
+    text = (REPO / "pyproject.toml").read_text()
+    section = text.split("[project.scripts]", 1)[1].split("\n[", 1)[0]
+    entry = re.search(r'^ferrodist-store\s*=\s*"([^"]+)"', section, re.MULTILINE)
+    assert entry, section
+    module, _, function = entry.group(1).partition(":")
     assert (module, function) == ("ferrodist._cli", "main")
     assert getattr(_cli, function) is _cli.main
 
