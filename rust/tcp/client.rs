@@ -204,7 +204,7 @@ impl Client {
             if let Some(reply) = decode_reply(kind, &mut self.input, &Limits::UNLIMITED)? {
                 return Ok(reply);
             }
-            self.input.reserve(4096);
+            self.input.reserve(64 * 1024);
             match self.stream.read_buf(&mut self.input).await {
                 Ok(0) => return Err(closed(&self.peer, CLOSED_BY_SERVER)),
                 Ok(_) => {}

@@ -17,21 +17,30 @@
 use std::collections::VecDeque;
 use std::net::SocketAddr;
 
-use bytes::{BufMut, BytesMut};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use bytes::BytesMut;
+use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 
 use super::codec::{
     decode_request, scan_request, FrameError, Limits, Reply, Request, Scan, STOP_WAITING,
     VALIDATE_MAGIC, WAIT_CANCELED,
 };
+use super::outbox::Outbox;
 use super::shutdown::Shutdown;
 use super::state::{Db, Waiter};
 
 /// Most requests a client may queue behind one pending WAIT.
 const MAX_HELD_REQUESTS: usize = 1024;
-/// Smallest read; a frame larger than this grows the buffer step by step as bytes arrive.
+/// Largest read; a frame larger than this grows the buffer step by step as its bytes arrive
+/// (never by its declared length, which would let a client make the server allocate memory it
+/// never sends).
 const READ_CHUNK: usize = 16 * 1024;
+/// Smallest read buffer; most requests are tens of bytes.
+const MIN_READ: usize = 256;
+/// Replies are written once this much is queued, even if more requests are buffered.
+const FLUSH_AT_BYTES: usize = 64 * 1024;
+/// An idle connection keeps at most this much read buffer (thousands of ranks sit idle).
+const IDLE_CAPACITY: usize = 4 * 1024;
 
 /// Why a connection ended.
 #[derive(Debug, thiserror::Error)]
@@ -54,7 +63,7 @@ pub struct Handler {
     db: Db,
     limits: Limits,
     input: BytesMut,
-    output: BytesMut,
+    output: Outbox,
     validated: bool,
     waiting: Option<Waiter>,
     held: VecDeque<Request>,
@@ -69,8 +78,8 @@ impl Handler {
             peer,
             db,
             limits,
-            input: BytesMut::with_capacity(READ_CHUNK),
-            output: BytesMut::with_capacity(READ_CHUNK),
+            input: BytesMut::new(),
+            output: Outbox::default(),
             validated: false,
             waiting: None,
             held: VecDeque::new(),
@@ -95,15 +104,21 @@ impl Handler {
         loop {
             self.process_buffered()?;
             if !self.output.is_empty() {
-                self.stream.write_all(&self.output).await?;
-                self.output.clear();
+                self.output.write_to(&mut self.stream).await?;
+                // More requests may be buffered behind the ones just answered.
+                continue;
+            }
+            if self.input.is_empty() && self.input.capacity() > IDLE_CAPACITY {
+                self.input = BytesMut::new();
             }
             let need = match scan_request(&self.input, &self.limits)? {
                 Scan::Incomplete(need) => need,
                 Scan::Complete(_) => self.input.len() + 1,
             };
-            self.input
-                .reserve(need.saturating_sub(self.input.len()).clamp(1, READ_CHUNK));
+            self.input.reserve(
+                need.saturating_sub(self.input.len())
+                    .clamp(MIN_READ, READ_CHUNK),
+            );
             let waiting = self.waiting.as_mut();
             tokio::select! {
                 read = self.stream.read_buf(&mut self.input) => {
@@ -122,6 +137,9 @@ impl Handler {
     /// Handles every complete request in the buffer (and those held behind a released wait).
     fn process_buffered(&mut self) -> Result<(), Closed> {
         loop {
+            if self.output.len() >= FLUSH_AT_BYTES {
+                return Ok(());
+            }
             if self.waiting.is_none() {
                 if let Some(request) = self.held.pop_front() {
                     self.held_bytes -= request_bytes(&request);
@@ -234,7 +252,7 @@ impl Handler {
                 }
             }
         };
-        reply.encode(&mut self.output);
+        self.output.reply(reply);
         Ok(())
     }
 }
