@@ -22,6 +22,9 @@ from ferrodist.file_store import FileStore  # --- file and prefix stores ---
 from ferrodist.prefix_store import PrefixStore  # --- file and prefix stores ---
 from ferrodist.store import HashStore, Store
 
+# --- tcp store ---
+from ferrodist.tcp_store import TCPStore
+
 __version__: str = _native.__version__
 
 __all__ = [
@@ -37,5 +40,6 @@ __all__ = [
     "QueueEmptyError",
     "Store",
     "StoreTimeoutError",
+    "TCPStore",
     "__version__",
 ]

@@ -9,6 +9,8 @@ mod foreign_store;
 mod store;
 // --- file and prefix stores ---
 mod store_factories;
+// --- tcp store ---
+mod tcp_store;
 
 use pyo3::prelude::*;
 
@@ -20,5 +22,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(foreign_store::wrap_store, m)?)?;
     // --- file and prefix stores ---
     store_factories::register(m)?;
+    // --- tcp store ---
+    tcp_store::register(m)?;
     Ok(())
 }
