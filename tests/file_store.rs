@@ -178,3 +178,13 @@ fn readers_wait_for_a_missing_file_then_time_out() {
     store.set("k", b"v").unwrap();
     assert_eq!(store.num_keys().unwrap(), 1);
 }
+
+#[test]
+fn an_unopenable_path_is_a_store_error_naming_it() {
+    let err = match FileStore::new("/nonexistent-dir/f", 1) {
+        Err(err) => err,
+        Ok(_) => panic!("opened a file in a directory that does not exist"),
+    };
+    assert!(matches!(err, Error::Store(_)), "{err}");
+    assert!(err.to_string().contains("/nonexistent-dir/f"), "{err}");
+}

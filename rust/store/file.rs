@@ -102,7 +102,13 @@ impl FileStore {
             if !log.as_ref().is_some_and(OpenLog::opened_by_this_process) {
                 // First use, a file removed by cleanup, or a forked child: start over.
                 *replica = Replica::default();
-                *log = OpenLog::open(&self.path, mode == LockMode::Exclusive)?;
+                *log = OpenLog::open(&self.path, mode == LockMode::Exclusive).map_err(|err| {
+                    // A store error (torch users catch RuntimeError here) that names the file.
+                    Error::Store(format!(
+                        "cannot open FileStore file {}: {err}",
+                        self.path.display()
+                    ))
+                })?;
             }
             let Some(open) = log.as_ref() else {
                 return Ok(None);

@@ -181,3 +181,12 @@ def test_wrong_argument_types_are_type_errors_naming_the_argument(
         call(str(tmp_path / "store"))
     shown = str(info.value) + " ".join(getattr(info.value, "__notes__", []))
     assert argument in shown
+
+
+def test_an_unopenable_path_is_a_dist_store_error_at_once(tmp_path: Path) -> None:
+    # torch's FileStore retries such a path until its 300 s timeout.
+    path = str(tmp_path / "no-such-dir" / "store")
+    start = time.monotonic()
+    with pytest.raises(tdist.DistStoreError, match="no-such-dir"):
+        ferrodist.FileStore(path)
+    assert time.monotonic() - start < 5
