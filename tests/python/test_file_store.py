@@ -190,3 +190,23 @@ def test_an_unopenable_path_is_a_dist_store_error_at_once(tmp_path: Path) -> Non
     with pytest.raises(tdist.DistStoreError, match="no-such-dir"):
         ferrodist.FileStore(path)
     assert time.monotonic() - start < 5
+
+
+@pytest.mark.timeout(30)
+def test_a_forked_child_uses_its_own_lock_on_the_shared_file(tmp_path: Path) -> None:
+    store = ferrodist.FileStore(str(tmp_path / "store"))
+    store.set("before", "1")
+    pid = os.fork()
+    if pid == 0:  # child: reopens the file (a shared descriptor would share the flock)
+        try:
+            for i in range(200):
+                store.add("counter", 1)
+            store.set("child", str(store.get("before"), "ascii"))
+        finally:
+            os._exit(0)
+    for i in range(200):
+        store.add("counter", 1)
+    _, status = os.waitpid(pid, 0)
+    assert status == 0
+    assert store.get("child") == b"1"
+    assert store.get("counter") == b"400"
