@@ -199,12 +199,12 @@ def test_a_forked_child_uses_its_own_lock_on_the_shared_file(tmp_path: Path) -> 
     pid = os.fork()
     if pid == 0:  # child: reopens the file (a shared descriptor would share the flock)
         try:
-            for i in range(200):
+            for _ in range(200):
                 store.add("counter", 1)
             store.set("child", str(store.get("before"), "ascii"))
         finally:
             os._exit(0)
-    for i in range(200):
+    for _ in range(200):
         store.add("counter", 1)
     _, status = os.waitpid(pid, 0)
     assert status == 0
