@@ -11,10 +11,9 @@ from typing import Callable
 
 import pytest
 import torch.distributed as tdist
+from _procs import finish, spawn
 
 import ferrodist
-
-from ._procs import finish, spawn
 
 # Each process: set its own key, add to a shared counter, read the other's key, wait until the
 # other has counted, delete its key, then check what is left. Run with one torch and one
