@@ -9,7 +9,10 @@
 //!
 //! * every record goes to disk in **one** `write(2)` at the end of the file, so a writer killed
 //!   mid-stream leaves whole records only (torch writes a record in four calls and can leave
-//!   half of one, which hangs torch's own readers);
+//!   half of one, which hangs torch's own readers). Caveat: Linux may still cut a write that
+//!   crosses a page boundary if the kill lands in between its page copies; that window is
+//!   nanoseconds wide for a store's small records, and such a tail is then reported as a
+//!   truncated record, never misread;
 //! * a file that is not a FileStore log (random bytes, a cut record) is a clear
 //!   [`Error::Corrupt`], not a hang or a crash, and lengths read off disk are checked against
 //!   the bytes really there before use;
