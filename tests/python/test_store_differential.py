@@ -123,6 +123,13 @@ def _prefix_pair(_: Path) -> tuple[tdist.Store, tdist.Store]:
     )
 
 
+def _prefix_our_file_pair(tmp: Path) -> tuple[tdist.Store, tdist.Store]:
+    return (
+        tdist.PrefixStore("p", tdist.FileStore(str(tmp / "torch"), 1)),
+        ferrodist.PrefixStore("p", ferrodist.FileStore(str(tmp / "ours"), 1)),
+    )
+
+
 def _prefix_file_pair(tmp: Path) -> tuple[tdist.Store, tdist.Store]:
     # Ours over torch's own FileStore: the prefix logic in Rust, the store foreign.
     return (
@@ -135,6 +142,7 @@ PAIRS = {
     "hash": (_hash_pair, False),
     "file": (_file_pair, True),
     "prefix-hash": (_prefix_pair, False),
+    "prefix-file": (_prefix_our_file_pair, True),
     "prefix-over-torch-file": (_prefix_file_pair, True),
 }
 
