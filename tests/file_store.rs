@@ -178,3 +178,35 @@ fn readers_wait_for_a_missing_file_then_time_out() {
     store.set("k", b"v").unwrap();
     assert_eq!(store.num_keys().unwrap(), 1);
 }
+
+#[test]
+fn an_unopenable_path_is_a_store_error_naming_it() {
+    let err = match FileStore::new("/nonexistent-dir/f", 1) {
+        Err(err) => err,
+        Ok(_) => panic!("opened a file in a directory that does not exist"),
+    };
+    assert!(matches!(err, Error::Store(_)), "{err}");
+    assert!(err.to_string().contains("/nonexistent-dir/f"), "{err}");
+}
+
+#[test]
+fn concurrent_adds_from_many_instances_are_never_lost() {
+    let (_dir, path) = temp_path();
+    let workers: Vec<_> = (0..4)
+        .map(|_| {
+            let path = path.clone();
+            thread::spawn(move || {
+                // Separate instances: separate descriptors, excluded from each other by flock.
+                let store = FileStore::new(&path, -1).unwrap();
+                for _ in 0..100 {
+                    store.add("counter", 1).unwrap();
+                }
+            })
+        })
+        .collect();
+    for worker in workers {
+        worker.join().unwrap();
+    }
+    let store = FileStore::new(&path, -1).unwrap();
+    assert_eq!(store.get("counter").unwrap(), b"400");
+}

@@ -82,6 +82,21 @@ impl PyNativeStore {
     pub fn new(inner: Arc<dyn Store>) -> Self {
         PyNativeStore { inner }
     }
+
+    /// Runs a wait of up to `timeout` with the GIL released: in Ctrl-C-checked slices where
+    /// the store allows it, else as one call.
+    fn waiting<T: Send>(
+        &self,
+        py: Python<'_>,
+        timeout: Duration,
+        mut op: impl FnMut(Duration) -> crate::error::Result<T> + Send,
+    ) -> PyResult<T> {
+        if self.inner.sliceable_waits() {
+            detached_sliced(py, timeout, op)
+        } else {
+            detached(py, move || op(timeout))
+        }
+    }
 }
 
 #[pymethods]
@@ -95,7 +110,7 @@ impl PyNativeStore {
     /// Returns the value of ``key`` as bytes, waiting up to the store timeout for it.
     fn get(&self, py: Python<'_>, key: &str) -> PyResult<Vec<u8>> {
         let timeout = self.inner.timeout();
-        detached_sliced(py, timeout, |slice| self.inner.get_timeout(key, slice))
+        self.waiting(py, timeout, |slice| self.inner.get_timeout(key, slice))
     }
 
     /// Adds ``amount`` to the integer under ``key`` and returns the new value.
@@ -124,7 +139,7 @@ impl PyNativeStore {
     #[pyo3(signature = (keys, timeout=None))]
     fn wait(&self, py: Python<'_>, keys: Vec<String>, timeout: Option<Timeout>) -> PyResult<()> {
         let timeout = timeout_or(&*self.inner, timeout)?;
-        detached_sliced(py, timeout, |slice| self.inner.wait(&keys, Some(slice)))
+        self.waiting(py, timeout, |slice| self.inner.wait(&keys, Some(slice)))
     }
 
     /// Removes ``key``; True iff it existed.
@@ -146,7 +161,7 @@ impl PyNativeStore {
     /// Values of every key, waiting for them up to the store timeout.
     fn multi_get(&self, py: Python<'_>, keys: Vec<String>) -> PyResult<Vec<Vec<u8>>> {
         let timeout = self.inner.timeout();
-        detached_sliced(py, timeout, |slice| self.inner.wait(&keys, Some(slice)))?;
+        self.waiting(py, timeout, |slice| self.inner.wait(&keys, Some(slice)))?;
         detached(py, || self.inner.multi_get(&keys))
     }
 
@@ -168,7 +183,7 @@ impl PyNativeStore {
         if block {
             let timeout = self.inner.timeout();
             let keys = [key.to_owned()];
-            detached_sliced(py, timeout, |slice| self.inner.wait(&keys, Some(slice)))?;
+            self.waiting(py, timeout, |slice| self.inner.wait(&keys, Some(slice)))?;
         }
         detached(py, || self.inner.queue_pop(key, false))
     }

@@ -9,7 +9,10 @@
 //!
 //! * every record goes to disk in **one** `write(2)` at the end of the file, so a writer killed
 //!   mid-stream leaves whole records only (torch writes a record in four calls and can leave
-//!   half of one, which hangs torch's own readers);
+//!   half of one, which hangs torch's own readers). Caveat: Linux may still cut a write that
+//!   crosses a page boundary if the kill lands in between its page copies; that window is
+//!   nanoseconds wide for a store's small records, and such a tail is then reported as a
+//!   truncated record, never misread;
 //! * a file that is not a FileStore log (random bytes, a cut record) is a clear
 //!   [`Error::Corrupt`], not a hang or a crash, and lengths read off disk are checked against
 //!   the bytes really there before use;
@@ -20,7 +23,7 @@
 //! `world_size >= 0` and at least `world_size` instances have finished.
 
 use std::collections::HashMap;
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -98,17 +101,32 @@ impl FileStore {
         // Every replica update is applied whole or not at all, so a poisoned lock is usable.
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let State { log, replica } = &mut *state;
-        if !log.as_ref().is_some_and(|l| l.still_current(&self.path)) {
-            // First use, a file recreated after cleanup, or a forked child: start over.
-            *replica = Replica::default();
-            *log = OpenLog::open(&self.path, mode == LockMode::Exclusive)?;
+        loop {
+            if !log.as_ref().is_some_and(OpenLog::opened_by_this_process) {
+                // First use, a file removed by cleanup, or a forked child: start over.
+                *replica = Replica::default();
+                *log = OpenLog::open(&self.path, mode == LockMode::Exclusive).map_err(|err| {
+                    // A store error (torch users catch RuntimeError here) that names the file.
+                    Error::Store(format!(
+                        "cannot open FileStore file {}: {err}",
+                        self.path.display()
+                    ))
+                })?;
+            }
+            let Some(open) = log.as_ref() else {
+                return Ok(None);
+            };
+            let lock = open.lock(mode, Deadline::after(self.timeout()))?;
+            let meta = open.file.metadata()?;
+            if meta.nlink() == 0 {
+                // Unlinked (the last instance cleaned up): the path may name a new file now.
+                drop(lock);
+                *log = None;
+                continue;
+            }
+            self.catch_up(open, replica, meta.len())?;
+            return op(open, replica).map(Some);
         }
-        let Some(log) = log.as_ref() else {
-            return Ok(None);
-        };
-        let _lock = log.lock(mode, Deadline::after(self.timeout()))?;
-        self.catch_up(log, replica)?;
-        op(log, replica).map(Some)
     }
 
     /// Like [`Self::locked`] under the exclusive lock, which always finds (or creates) the file.
@@ -118,8 +136,7 @@ impl FileStore {
     }
 
     /// Replays whatever others appended since our last look.
-    fn catch_up(&self, log: &OpenLog, replica: &mut Replica) -> Result<()> {
-        let size = log.file.metadata()?.len();
+    fn catch_up(&self, log: &OpenLog, replica: &mut Replica, size: u64) -> Result<()> {
         let offset = replica.offset;
         if size < offset {
             return Err(self.corrupt(format!(

@@ -5,8 +5,9 @@
 //! exactly as safe by re-checking, before each operation, the two cases where a kept descriptor
 //! would go stale:
 //!
-//! * **the path now names another file** (the last instance unlinked it and someone recreated
-//!   it, or it is gone): compare `stat(path)` with the descriptor's device and inode;
+//! * **the file was unlinked** (the last instance cleaned it up, and the path may already name
+//!   a new file): the `fstat` each operation makes for the file size also gives the link count,
+//!   and a count of 0 reopens by path;
 //! * **we are a forked child**: a `flock` belongs to the open file description, which a fork
 //!   shares, so parent and child would not exclude each other; a new pid reopens.
 //!
@@ -16,7 +17,7 @@
 
 use std::fs::{File, OpenOptions};
 use std::io;
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::io::AsRawFd;
 use std::path::Path;
 use std::time::Duration;
@@ -32,12 +33,10 @@ pub enum LockMode {
     Exclusive,
 }
 
-/// The FileStore file, opened read-write, with the identity it was opened under.
+/// The FileStore file, opened read-write, and the process that opened it.
 pub struct OpenLog {
     /// The open file.
     pub file: File,
-    dev: u64,
-    ino: u64,
     pid: u32,
 }
 
@@ -56,19 +55,15 @@ impl OpenLog {
             Err(err) if err.kind() == io::ErrorKind::NotFound && !create => return Ok(None),
             Err(err) => return Err(err),
         };
-        let meta = file.metadata()?;
         Ok(Some(OpenLog {
             file,
-            dev: meta.dev(),
-            ino: meta.ino(),
             pid: std::process::id(),
         }))
     }
 
-    /// True while `path` still names this file and this process opened it.
-    pub fn still_current(&self, path: &Path) -> bool {
+    /// False in a forked child, which must not share its parent's lock (see the module doc).
+    pub fn opened_by_this_process(&self) -> bool {
         self.pid == std::process::id()
-            && std::fs::metadata(path).is_ok_and(|m| m.dev() == self.dev && m.ino() == self.ino)
     }
 
     /// Takes the lock, polling until `deadline`; the lock is released when the guard drops.

@@ -123,13 +123,15 @@ impl Store for HashStore {
     }
 
     fn get_timeout(&self, key: &str, timeout: Duration) -> Result<Vec<u8>> {
-        let keys = [key.to_owned()];
         let guard = self.lock();
+        if let Some(value) = guard.values.get(key) {
+            return Ok(value.clone());
+        }
         match self.wait_until(guard, Deadline::after(timeout), |s| {
             s.values.contains_key(key)
         }) {
             Ok(state) => Ok(state.values[key].clone()),
-            Err(_) => Err(Error::wait_timeout("get", timeout, &keys)),
+            Err(_) => Err(Error::wait_timeout("get", timeout, &[key.to_owned()])),
         }
     }
 

@@ -179,6 +179,14 @@ pub trait Store: Send + Sync {
         ))
     }
 
+    /// Whether a long wait may be run as repeated short waits (see [`sliced`]), so Python can
+    /// check for Ctrl-C in between. False where each call has a cost of its own: a foreign
+    /// Python store (torch's TCPStore logs a warning per timed-out slice, torch's FileStore
+    /// rounds each slice up to a whole second).
+    fn sliceable_waits(&self) -> bool {
+        true
+    }
+
     /// Blocks until `world_size` callers have reached the barrier named `key`.
     /// Default: torch's fallback from add + wait on `key/num_members` and `key/last_member`.
     fn barrier(&self, key: &str, world_size: i64, timeout: Option<Duration>) -> Result<()> {

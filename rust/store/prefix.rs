@@ -126,6 +126,10 @@ impl Store for PrefixStore {
         self.inner.has_extended_api()
     }
 
+    fn sliceable_waits(&self) -> bool {
+        self.inner.sliceable_waits()
+    }
+
     fn append(&self, key: &str, value: &[u8]) -> Result<()> {
         self.inner.append(&self.key(key), value)
     }

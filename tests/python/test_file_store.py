@@ -11,10 +11,9 @@ from typing import Callable
 
 import pytest
 import torch.distributed as tdist
+from _procs import finish, spawn
 
 import ferrodist
-
-from ._procs import finish, spawn
 
 # Each process: set its own key, add to a shared counter, read the other's key, wait until the
 # other has counted, delete its key, then check what is left. Run with one torch and one
@@ -181,3 +180,32 @@ def test_wrong_argument_types_are_type_errors_naming_the_argument(
         call(str(tmp_path / "store"))
     shown = str(info.value) + " ".join(getattr(info.value, "__notes__", []))
     assert argument in shown
+
+
+def test_an_unopenable_path_is_a_dist_store_error_at_once(tmp_path: Path) -> None:
+    # torch's FileStore retries such a path until its 300 s timeout.
+    path = str(tmp_path / "no-such-dir" / "store")
+    start = time.monotonic()
+    with pytest.raises(tdist.DistStoreError, match="no-such-dir"):
+        ferrodist.FileStore(path)
+    assert time.monotonic() - start < 5
+
+
+@pytest.mark.timeout(30)
+def test_a_forked_child_uses_its_own_lock_on_the_shared_file(tmp_path: Path) -> None:
+    store = ferrodist.FileStore(str(tmp_path / "store"))
+    store.set("before", "1")
+    pid = os.fork()
+    if pid == 0:  # child: reopens the file (a shared descriptor would share the flock)
+        try:
+            for _ in range(200):
+                store.add("counter", 1)
+            store.set("child", str(store.get("before"), "ascii"))
+        finally:
+            os._exit(0)
+    for _ in range(200):
+        store.add("counter", 1)
+    _, status = os.waitpid(pid, 0)
+    assert status == 0
+    assert store.get("child") == b"1"
+    assert store.get("counter") == b"400"

@@ -51,6 +51,8 @@ def _random_op(rng: random.Random, present: set[str], file_backed: bool) -> tupl
             lambda s: s.multi_set(known[:2], [value, rng_desired][: len(known[:2])]),
         ),
         ("has_extended_api()", lambda s: s.has_extended_api()),
+        # world_size 1 passes at once; the add + wait fallback leaves torch's two keys behind.
+        (f"barrier({key!r}, 1)", lambda s: s.barrier("b" + key, 1)),
         # A FileStore clone counts in refcount/ and, once dropped, in cleanup/.
         ("clone().num_keys()", lambda s: s.clone().num_keys()),
         (f"queue_push({key!r})", lambda s: s.queue_push("q" + key, value)),
@@ -121,6 +123,13 @@ def _prefix_pair(_: Path) -> tuple[tdist.Store, tdist.Store]:
     )
 
 
+def _prefix_our_file_pair(tmp: Path) -> tuple[tdist.Store, tdist.Store]:
+    return (
+        tdist.PrefixStore("p", tdist.FileStore(str(tmp / "torch"), 1)),
+        ferrodist.PrefixStore("p", ferrodist.FileStore(str(tmp / "ours"), 1)),
+    )
+
+
 def _prefix_file_pair(tmp: Path) -> tuple[tdist.Store, tdist.Store]:
     # Ours over torch's own FileStore: the prefix logic in Rust, the store foreign.
     return (
@@ -133,6 +142,7 @@ PAIRS = {
     "hash": (_hash_pair, False),
     "file": (_file_pair, True),
     "prefix-hash": (_prefix_pair, False),
+    "prefix-file": (_prefix_our_file_pair, True),
     "prefix-over-torch-file": (_prefix_file_pair, True),
 }
 

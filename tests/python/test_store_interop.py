@@ -10,10 +10,9 @@ from pathlib import Path
 
 import pytest
 import torch.distributed as tdist
+from _procs import finish, spawn
 
 import ferrodist
-
-from ._procs import finish, spawn
 
 # Rank script. The store is built inline and not kept, the shape that used to break new_group
 # (torch issue #120843: torch kept only the C++ half of a Python store subclass).
