@@ -75,6 +75,15 @@ __all__ = [
 ]
 
 
+def _default_timeout(backend: Optional[str]) -> timedelta:
+    """torch's default for ``backend`` (NCCL has its own constant)."""
+    if backend is not None and str(backend).lower() == "nccl":
+        nccl = _tdist.constants.default_pg_nccl_timeout
+        if isinstance(nccl, timedelta):
+            return nccl
+    return default_pg_timeout
+
+
 def init_process_group(
     backend: Optional[str] = None,
     init_method: Optional[str] = None,
@@ -110,7 +119,7 @@ def init_process_group(
     if init_method is not None and store is not None:
         raise ValueError("Cannot specify both init_method and store.")
     if timeout is None:
-        timeout = default_pg_timeout
+        timeout = _default_timeout(backend)
     elif not isinstance(timeout, timedelta):
         raise TypeError(f"timeout must be a datetime.timedelta, got {type(timeout).__name__}")
     if store is None:
