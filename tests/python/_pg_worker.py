@@ -256,9 +256,11 @@ def collectives(check: Checker) -> None:
     url = f"tcp://127.0.0.1:{PORT}"
     dist.init_process_group("gloo", init_method=url, rank=RANK, world_size=WORLD)
     world = list(range(WORLD))
+    before = check.count
     for a in (False, True):
         collectives_on(check, None, world, a)
     objects_on(check, None, world)
+    tables = {"world": check.count - before, "subgroup": 0}
     sub = dist.new_group(SUB)
     if RANK in SUB:
         check.true(isinstance(sub, tdist.ProcessGroup), "new_group returns a torch ProcessGroup")
@@ -270,9 +272,11 @@ def collectives(check: Checker) -> None:
     if RANK in SUB:
         check.equal(dist.get_group_rank(sub, RANK), SUB.index(RANK), "get_group_rank")
         check.equal(dist.get_global_rank(sub, SUB.index(RANK)), RANK, "get_global_rank")
+        before = check.count
         for a in (False, True):
             collectives_on(check, sub, SUB, a)
         objects_on(check, sub, SUB)
+        tables["subgroup"] = check.count - before
     else:
         check.true(dist.all_reduce(torch.ones(1), group=sub) is None, "non-member gets None")
     mine, groups = dist.new_subgroups_by_enumeration([SUB, [r for r in world if r not in SUB]])
@@ -281,6 +285,7 @@ def collectives(check: Checker) -> None:
     t = torch.ones(1)
     dist.all_reduce(t, group=mine)
     check.equal(t, torch.full((1,), float(dist.get_world_size(mine))), "subgroup all_reduce")
+    print(json.dumps({"section": "tables", "rank": RANK, "checks": tables}), flush=True)
 
 
 def premul_sum(check: Checker) -> None:
