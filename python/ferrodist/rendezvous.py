@@ -103,8 +103,26 @@ def _open_store(
         )
     if world_size < 1 or not 0 <= rank < world_size:
         raise ValueError(f"rank {rank} is out of range for world_size {world_size}")
-    store = _store_class("tcp")(host, port, world_size, hosts, timeout, wait_for_workers=False)
+    try:
+        store = _store_class("tcp")(host, port, world_size, hosts, timeout, wait_for_workers=False)
+    except _tdist.DistError as e:
+        if hosts:
+            raise
+        raise _renamed(
+            e,
+            f"rendezvous: rank {rank} could not reach the store that rank 0 hosts at "
+            f"{host}:{port} within {timeout}; missing ranks: [0] (rank 0 never started "
+            f"its server). Cause: {str(e).splitlines()[0] if str(e) else type(e).__name__}",
+        ) from e
     return store, rank, world_size
+
+
+def _renamed(error: BaseException, message: str) -> BaseException:
+    """The same exception class with a clearer message (so the same ``except`` catches it)."""
+    try:
+        return type(error)(message)
+    except Exception:
+        return error
 
 
 def _progress_interval(given: Optional[float]) -> float:

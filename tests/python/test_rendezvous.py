@@ -77,6 +77,13 @@ def test_timeout_names_the_missing_ranks_and_progress_is_logged(
     assert any("missing ranks: [1, 3]" in m for m in progress)
 
 
+@pytest.mark.timeout(60)
+def test_a_client_whose_host_never_starts_names_rank_0(free_port: int):
+    url = f"tcp://127.0.0.1:{free_port}?rank=1&world_size=2"
+    with pytest.raises(tdist.DistError, match=r"missing ranks: \[0\]"):
+        rdzv.rendezvous(url, timeout=timedelta(seconds=1))
+
+
 @pytest.mark.timeout(30)
 def test_progress_interval_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv(rdzv.PROGRESS_ENV, "0.25")
