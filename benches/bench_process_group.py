@@ -1,13 +1,15 @@
 """Process groups, ferrodist vs torch, side by side in one run (gloo on CPU).
 
 1. ``all_reduce`` latency from 4 B to 64 MiB at world 2: the same default group, torch's
-   ``torch.distributed.all_reduce`` and ``ferrodist.all_reduce`` interleaved batch by batch so
-   machine noise hits both alike; the per-call time of the best batch of each (on a shared,
-   loaded machine the best batch is the one least disturbed; medians are printed too).
+   ``torch.distributed.all_reduce`` and ``ferrodist.all_reduce`` interleaved call by call (ABBA)
+   so machine noise hits both alike; the best and the median single-call time of each (on a
+   shared, loaded machine the best call is the least disturbed one).
 2. The per-call Python overhead alone: the same at world 1 (gloo, no peer), 4 B.
 3. ``init_process_group`` wall time at world 2 and 8 over ``tcp://`` (the store hosted in rank 0):
    torch's and ferrodist's, alternated; each trial is the slowest rank's time from a common start
    (a barrier on a separate control store) to its return; best and median over trials.
+
+The table shows "best (median)" for each side and the ratio of each.
 
 Prints a markdown table with ratios (ferrodist / torch; below 1 is faster).
 Usage: ``./scripts/bench benches/bench_process_group.py [--trials N]``
@@ -58,17 +60,18 @@ def worker_allreduce(rank: int, world: int, port: int, trials: int) -> None:
     result = {}
     for size in SIZES if world > 1 else SIZES[:1]:
         t = torch.ones(max(size // 4, 1), dtype=torch.float32)
-        calls = max(2, min(200, (4 << 20) // size))
-        per = {"torch": [], "ferrodist": []}
-        for fn in (tdist.all_reduce, dist.all_reduce):  # warm-up
+        calls = trials * max(4, min(100, (4 << 20) // size))
+        per: dict[str, list[float]] = {"torch": [], "ferrodist": []}
+        pair = [("torch", tdist.all_reduce), ("ferrodist", dist.all_reduce)]
+        for _, fn in pair:  # warm-up
             fn(t)
-        for _ in range(trials):
-            for name, fn in (("torch", tdist.all_reduce), ("ferrodist", dist.all_reduce)):
-                tdist.barrier()
+        tdist.barrier()
+        for i in range(calls):
+            # call by call, in ABBA order, so load changes hit both sides alike
+            for name, fn in pair if i % 2 == 0 else pair[::-1]:
                 start = time.perf_counter()
-                for _ in range(calls):
-                    fn(t)
-                per[name].append((time.perf_counter() - start) / calls)
+                fn(t)
+                per[name].append(time.perf_counter() - start)
         result[size] = {k: (min(v), statistics.median(v)) for k, v in per.items()}
     if rank == 0:
         print("RESULT " + json.dumps(result), flush=True)
@@ -98,9 +101,10 @@ def worker_init(rank: int, world: int, port: int, trials: int) -> None:
             start = time.perf_counter()
             init("gloo", init_method=f"tcp://127.0.0.1:{pg_port}", rank=rank, world_size=world)
             control.set(f"{key}/t/{rank}", str(time.perf_counter() - start))
+            # every rank done before any tears down (rank 0's teardown stops the store server)
+            control.wait([f"{key}/t/{r}" for r in range(world)])
             tdist.destroy_process_group()
             if rank == 0:
-                control.wait([f"{key}/t/{r}" for r in range(world)])
                 times[name].append(max(float(control.get(f"{key}/t/{r}")) for r in range(world)))
     if rank == 0:
         stats = {k: (min(v), statistics.median(v)) for k, v in times.items()}
