@@ -89,7 +89,8 @@ def _premul_factor(op: Any, tensor: torch.Tensor, group: Optional[ProcessGroup])
     """The factor to apply by hand, or None when the backend can run ``op`` itself.
 
     Only a ``ReduceOp`` instance (what ``_make_nccl_premul_sum`` returns) can carry a factor; the
-    plain members (``ReduceOp.SUM``...) are ``RedOpType`` values and skip this at once.
+    plain members (``ReduceOp.SUM``...) are ``RedOpType`` values, which the callers filter out
+    with one identity check before calling this, so a plain op costs no extra call.
     """
     # torch 2.13 exposes .op and .factor on ReduceOp instances (its stubs do not).
     if op.__class__ is not ReduceOp or op.op != _PREMUL_SUM:  # type: ignore[attr-defined]
@@ -106,7 +107,7 @@ def all_reduce(
     async_op: bool = False,
 ) -> Optional[Work]:
     """``torch.distributed.all_reduce``; ``PREMUL_SUM`` also works on gloo."""
-    factor = _premul_factor(op, tensor, group)
+    factor = _premul_factor(op, tensor, group) if op.__class__ is ReduceOp else None
     if factor is not None:
         tensor.mul_(factor)
         op = _SUM
@@ -126,7 +127,7 @@ def reduce(
     Only the destination's tensor is scaled in place (it receives the result); the other ranks
     send a scaled copy, so their tensors are left as they were, as NCCL leaves them.
     """
-    factor = _premul_factor(op, tensor, group)
+    factor = _premul_factor(op, tensor, group) if op.__class__ is ReduceOp else None
     if factor is not None:
         op = _SUM
         if group_dst is not None:
@@ -145,7 +146,7 @@ def reduce_scatter(
     async_op: bool = False,
 ) -> Optional[Work]:
     """``torch.distributed.reduce_scatter``; ``PREMUL_SUM`` also works on gloo."""
-    factor = _premul_factor(op, output, group)
+    factor = _premul_factor(op, output, group) if op.__class__ is ReduceOp else None
     if factor is not None:
         input_list = [t * factor for t in input_list]
         op = _SUM
@@ -160,7 +161,7 @@ def reduce_scatter_tensor(
     async_op: bool = False,
 ) -> Optional[Work]:
     """``torch.distributed.reduce_scatter_tensor``; ``PREMUL_SUM`` also works on gloo."""
-    factor = _premul_factor(op, output, group)
+    factor = _premul_factor(op, output, group) if op.__class__ is ReduceOp else None
     if factor is not None:
         input = input * factor
         op = _SUM
@@ -175,7 +176,7 @@ def reduce_scatter_single(
     async_op: bool = False,
 ) -> Optional[Work]:
     """``torch.distributed.reduce_scatter_single``; ``PREMUL_SUM`` also works on gloo."""
-    factor = _premul_factor(op, output, group)
+    factor = _premul_factor(op, output, group) if op.__class__ is ReduceOp else None
     if factor is not None:
         input = input * factor
         op = _SUM
