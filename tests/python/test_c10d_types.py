@@ -85,3 +85,31 @@ def test_round_robin_rejects_empty_and_non_groups():
     with pytest.raises(TypeError, match="ProcessGroup"):
         dist.ProcessGroupRoundRobin([object()])  # type: ignore[list-item]
     assert issubclass(dist.ProcessGroupRoundRobin, tdist.ProcessGroup)
+
+
+class _Recorder(tdist.ProcessGroup):
+    """A one-rank group that records which collective it was asked to run."""
+
+    def __init__(self) -> None:
+        super().__init__(0, 1)
+        self.calls: list[tuple[str, tuple]] = []
+
+    def allreduce(self, *args):  # type: ignore[override]
+        self.calls.append(("allreduce", args))
+        return "work"
+
+    def broadcast(self, *args):  # type: ignore[override]
+        self.calls.append(("broadcast", args))
+        return "work"
+
+
+def test_round_robin_hands_each_call_to_the_next_group_in_turn():
+    first, second = _Recorder(), _Recorder()
+    rr = dist._round_robin_process_groups([first, second])
+    assert isinstance(rr, tdist.ProcessGroup) and (rr.rank(), rr.size()) == (0, 1)
+    assert rr.allreduce(["a"]) == "work"
+    rr.broadcast(["b"])
+    rr.allreduce(["c"])
+    assert first.calls == [("allreduce", (["a"],)), ("allreduce", (["c"],))]
+    assert second.calls == [("broadcast", (["b"],))]
+    assert rr.process_groups == [first, second]
