@@ -39,6 +39,13 @@ stuck job says which ranks it waits for well before torch's 30-minute default ti
 _RDZV_PREFIX = "ferrodist/rendezvous/"
 
 
+def _key_prefix() -> str:
+    """Join keys for this attempt. Under torchelastic the agent's store outlives a restart, so
+    each restart gets its own keys (a stale count from the last attempt would let ranks through).
+    """
+    return f"{_RDZV_PREFIX}{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/"
+
+
 def _store_class(kind: str) -> Any:
     """The store class for ``kind`` ("tcp" or "file"): ferrodist's when present, else torch's.
 
@@ -136,7 +143,8 @@ def _progress_interval(given: Optional[float]) -> float:
 
 
 def _joined(store: _tdist.Store, world_size: int) -> list[int]:
-    return [r for r in range(world_size) if store.check([f"{_RDZV_PREFIX}rank/{r}"])]
+    prefix = _key_prefix()
+    return [r for r in range(world_size) if store.check([f"{prefix}rank/{r}"])]
 
 
 def wait_for_ranks(
@@ -152,9 +160,10 @@ def wait_for_ranks(
         StoreTimeoutError: ``timeout`` passed first; the message lists the missing ranks.
     """
     interval = _progress_interval(progress_interval)
-    store.set(f"{_RDZV_PREFIX}rank/{rank}", str(os.getpid()))
-    done_key = f"{_RDZV_PREFIX}done"
-    if store.add(f"{_RDZV_PREFIX}count", 1) >= world_size:
+    prefix = _key_prefix()
+    store.set(f"{prefix}rank/{rank}", str(os.getpid()))
+    done_key = f"{prefix}done"
+    if store.add(f"{prefix}count", 1) >= world_size:
         store.set(done_key, "1")
         return
     start = time.monotonic()

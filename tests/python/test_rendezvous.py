@@ -148,3 +148,14 @@ def test_world_of_one_runs_collectives_and_premul_sum_in_process():
     finally:
         dist.destroy_process_group()
     assert not tdist.is_initialized()
+
+
+@pytest.mark.timeout(60)
+def test_each_torchelastic_restart_waits_afresh(monkeypatch: pytest.MonkeyPatch):
+    # the agent's store survives a restart; a finished attempt must not let the next one through
+    store = tdist.HashStore()
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
+    rdzv.wait_for_ranks(store, 0, 1, timedelta(seconds=5))
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    with pytest.raises(dist.StoreTimeoutError, match=r"missing ranks: \[1\]"):
+        rdzv.wait_for_ranks(store, 0, 2, timedelta(seconds=0.5), progress_interval=0.2)
