@@ -5,7 +5,15 @@ hosts the store in rank 0 for ``tcp://`` and ``env://``, reports progress and na
 on timeout) and then hands the store to torch's ``init_process_group``, which builds the gloo or
 NCCL backend over it. The default group therefore lives in torch's own registry, so everything
 downstream (torch's DDP, FSDP, functional collectives, ``torch.distributed.get_rank()``) sees it.
-Every other name here is torch's function itself.
+Every other name here is torch's function itself, but for ``destroy_process_group``.
+
+Why ferrodist holds the default group's stores: a store written in Python (every ferrodist store
+is a Python subclass of ``torch.distributed.Store``) reaches torch's C++ through a trampoline that
+finds the Python methods on the live Python object. torch's C++ keeps only its own handle, so
+once the last Python reference goes (``init_process_group(store=SomeStore(...))``, or the store
+our rendezvous made), later calls such as ``new_group()`` fail with torch's "Not implemented"
+assertion. ``_default_group_stores`` keeps them alive until ``destroy_process_group`` ends the
+default group, which also lets rank 0's embedded server stop and free its port.
 """
 
 from __future__ import annotations
@@ -17,7 +25,6 @@ import torch
 import torch.distributed as _tdist
 from torch.distributed import (
     default_pg_timeout,
-    destroy_process_group,
     get_backend,
     get_backend_config,
     get_default_backend_for_device,
@@ -75,6 +82,17 @@ __all__ = [
 ]
 
 
+_default_group_stores: list[_tdist.Store] = []
+
+
+def destroy_process_group(group: Optional[_tdist.ProcessGroup] = None) -> None:
+    """``torch.distributed.destroy_process_group``; ending the default group releases its stores."""
+    ends_default = group is None or group is _tdist.GroupMember.WORLD
+    _tdist.destroy_process_group(group)
+    if ends_default:
+        _default_group_stores.clear()
+
+
 def _default_timeout(backend: Optional[str]) -> timedelta:
     """torch's default for ``backend`` (NCCL has its own constant)."""
     if backend is not None and str(backend).lower() == "nccl":
@@ -122,11 +140,13 @@ def init_process_group(
         timeout = _default_timeout(backend)
     elif not isinstance(timeout, timedelta):
         raise TypeError(f"timeout must be a datetime.timedelta, got {type(timeout).__name__}")
+    stores = [] if store is None else [store]
     if store is None:
         url = init_method if init_method is not None else "env://"
         base, rank, world_size = _rendezvous.rendezvous(url, rank, world_size, timeout)
         # torch prefixes the store it builds this way; the backend's keys match torch's.
         store = _tdist.PrefixStore("default_pg", base)
+        stores.append(base)
     _tdist.init_process_group(
         backend,
         timeout=timeout,
@@ -137,3 +157,4 @@ def init_process_group(
         pg_options=pg_options,
         device_id=device_id,
     )
+    _default_group_stores[:] = stores

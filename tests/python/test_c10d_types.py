@@ -26,11 +26,14 @@ TORCH_OBJECTS = [
     "all_gather_into_tensor", "gather", "scatter", "all_to_all", "all_to_all_single", "send",
     "recv", "isend", "irecv", "barrier", "monitored_barrier", "all_gather_object",
     "broadcast_object_list", "gather_object", "scatter_object_list", "send_object_list",
-    "recv_object_list", "destroy_process_group", "is_initialized", "get_rank", "get_world_size",
+    "recv_object_list", "is_initialized", "get_rank", "get_world_size",
     "get_backend", "new_group", "new_subgroups", "new_subgroups_by_enumeration",
     "get_process_group_ranks", "get_global_rank", "get_group_rank",
 ]  # fmt: skip
-WRAPPED = ["all_reduce", "reduce", "reduce_scatter", "reduce_scatter_tensor", "init_process_group"]
+WRAPPED = [
+    "all_reduce", "reduce", "reduce_scatter", "reduce_scatter_tensor", "init_process_group",
+    "destroy_process_group",
+]  # fmt: skip
 
 
 @pytest.mark.parametrize("name", TORCH_OBJECTS)

@@ -132,22 +132,32 @@ def test_init_process_group_rejects_bad_arguments():
 
 @pytest.mark.timeout(60)
 def test_world_of_one_runs_collectives_and_premul_sum_in_process():
-    dist.init_process_group("gloo", store=tdist.HashStore(), rank=0, world_size=1)
+    import torch
+
+    # a temporary ferrodist (Python) store: ferrodist keeps it alive for new_group()
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
         with pytest.raises(ValueError, match="twice"):
             dist.init_process_group("gloo", store=tdist.HashStore(), rank=0, world_size=1)
-        import torch
-
         t = torch.arange(4.0)
         dist.all_reduce(t, op=dist._make_nccl_premul_sum(3.0))
         assert torch.equal(t, torch.arange(4.0) * 3)
-        work = dist.all_reduce(t, async_op=True)
+        work = dist.all_reduce(t, async_op=True, group=dist.new_group())
         assert isinstance(work, tdist.Work)
         work.wait()
         assert dist.get_backend() == tdist.get_backend() == "gloo"
     finally:
         dist.destroy_process_group()
     assert not tdist.is_initialized()
+
+
+@pytest.mark.timeout(60)
+def test_tcp_port_is_free_again_after_destroy(free_port: int):
+    url = f"tcp://127.0.0.1:{free_port}?rank=0&world_size=1"
+    for _ in range(2):  # the second init binds the same port: the first server must be gone
+        dist.init_process_group("gloo", init_method=url, timeout=timedelta(seconds=20))
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 @pytest.mark.timeout(60)
