@@ -2,10 +2,11 @@
 
 ``tcp://host:port`` and ``env://`` host the TCP store server inside rank 0 (the embedded default:
 no separate process to start); ``file:///path`` shares a file. Unlike torch, the wait for the other
-ranks is observable: every rank registers under ``_RDZV_PREFIX`` as it arrives, a waiting rank logs
+ranks is observable: every rank registers under ``_RDZV_PREFIX`` as it arrives; a waiting rank logs
 which ranks have joined and which are still missing every ``progress_interval`` seconds (env
-``FERRODIST_RENDEZVOUS_PROGRESS_S``, default 10), and a timeout raises ``StoreTimeoutError`` naming
-the ranks that never came, instead of torch's bare count of workers.
+``FERRODIST_RENDEZVOUS_PROGRESS_S``, default 10; logger ``ferrodist.rendezvous`` at WARNING, so it
+shows with no logging set-up: a rank still waiting after that long is worth a look); a timeout
+raises ``StoreTimeoutError`` naming the ranks that never came, not torch's bare count of workers.
 
 The join is event-driven, not polled: each rank adds itself to a counter, the rank that completes
 the count sets a ``done`` key, and everyone else blocks on that key in slices of the progress
@@ -187,7 +188,7 @@ def wait_for_ranks(
                 f"rendezvous timed out after {elapsed:.1f}s (timeout {timeout}): "
                 f"{len(joined)}/{world_size} ranks joined; missing ranks: {missing}"
             )
-        logger.info(
+        logger.warning(
             "rank %d waiting in rendezvous for %.1fs: %d/%d ranks joined %s; missing ranks: %s",
             rank,
             elapsed,
