@@ -6,6 +6,11 @@ on its own thread) overlap them. The class subclasses ``torch.distributed.Proces
 goes wherever a group goes, and each method forwards, unchanged, to the next group in the cycle;
 the returned ``Work`` is the underlying group's. Every rank must issue the same sequence of
 collectives, as with any group, so every rank picks the same underlying group for each call.
+
+Like torch's former class, it is not entered in torch's group registry: call its methods
+(``rr.allreduce([t])``), or free functions that need no rank mapping (``dist.all_reduce(t,
+group=rr)``); functions that translate ranks (``dist.broadcast(t, src, group=rr)``) raise torch's
+"not initialized in the world group map" ``ValueError``.
 """
 
 from __future__ import annotations
@@ -38,6 +43,12 @@ _FORWARDED = (
     "send",
     "recv",
     "recv_anysource",
+    "all_gather_single",
+    "all_gather_single_coalesced",
+    "all_to_all_single",
+    "reduce_scatter_single",
+    "reduce_scatter_single_coalesced",
+    "monitored_barrier",
 )
 
 
@@ -96,7 +107,8 @@ def _forward(method: str) -> Any:
 
 
 for _method in _FORWARDED:
-    setattr(ProcessGroupRoundRobin, _method, _forward(_method))
+    if hasattr(ProcessGroup, _method):  # the set of methods varies between torch versions
+        setattr(ProcessGroupRoundRobin, _method, _forward(_method))
 
 
 def _round_robin_process_groups(process_groups: Sequence[ProcessGroup]) -> ProcessGroupRoundRobin:
