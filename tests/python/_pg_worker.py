@@ -332,6 +332,9 @@ def round_robin(check: Checker) -> None:
         want = float(i * WORLD + WORLD * (WORLD - 1) // 2)
         check.equal(t, torch.full((4,), want), f"round robin allreduce {i}")
     check.equal(rr.process_groups, pgs, "round robin keeps its groups in order")
+    t = torch.full((3,), float(RANK))
+    dist.all_reduce(t, group=rr)  # torch's free function, through the round robin's methods
+    check.equal(t, torch.full((3,), float(WORLD * (WORLD - 1) // 2)), "all_reduce(group=rr)")
 
 
 def wrapper_detail(check: Checker) -> None:
