@@ -104,17 +104,19 @@ def _open_store(
         path = parsed.path or parsed.netloc
         if not path:
             raise ValueError(f"file:// init_method needs a path, got {url!r}")
+        _check_rank(rank, world_size)
         return _store_class("file")(path, world_size), rank, world_size
     else:
         raise ValueError(
             f"No rendezvous handler for {parsed.scheme}://; use env://, tcp:// or file://"
         )
-    if world_size < 1 or not 0 <= rank < world_size:
-        raise ValueError(f"rank {rank} is out of range for world_size {world_size}")
+    _check_rank(rank, world_size)
     try:
         store = _store_class("tcp")(host, port, world_size, hosts, timeout, wait_for_workers=False)
     except _tdist.DistError as e:
         if hosts:
+            raise
+        if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
             raise
         raise _renamed(
             e,
@@ -123,6 +125,11 @@ def _open_store(
             f"its server). Cause: {str(e).splitlines()[0] if str(e) else type(e).__name__}",
         ) from e
     return store, rank, world_size
+
+
+def _check_rank(rank: int, world_size: int) -> None:
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} is out of range for world_size {world_size}")
 
 
 def _renamed(error: BaseException, message: str) -> BaseException:

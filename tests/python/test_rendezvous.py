@@ -104,6 +104,7 @@ def test_progress_interval_comes_from_the_environment(monkeypatch: pytest.Monkey
         ("file:///tmp/x?world_size=2", "rank parameter missing"),
         ("ftp://somewhere", "No rendezvous handler for ftp://"),
         ("tcp://127.0.0.1:29999?rank=3&world_size=2", "out of range"),
+        ("file:///tmp/x?rank=-2&world_size=2", "out of range"),
     ],
 )
 def test_bad_urls_raise_value_error(url: str, message: str):
