@@ -43,3 +43,14 @@ __all__ = [
     "TCPStore",
     "__version__",
 ]
+
+# --- process groups ---
+# `import ferrodist as dist` in place of `import torch.distributed as dist`: groups, collectives
+# and the c10d types (ferrodist.c10d, .ops, .process_group, ._round_robin).
+from ferrodist import _round_robin, c10d, ops, process_group
+from ferrodist._round_robin import *  # noqa: F403
+from ferrodist.c10d import *  # noqa: F403
+from ferrodist.ops import *  # noqa: F403
+from ferrodist.process_group import *  # noqa: F403
+
+__all__ += [*c10d.__all__, *ops.__all__, *process_group.__all__, *_round_robin.__all__]
