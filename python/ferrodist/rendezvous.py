@@ -48,14 +48,11 @@ def _key_prefix() -> str:
 
 
 def _store_class(kind: str) -> Any:
-    """The store class for ``kind`` ("tcp" or "file"): ferrodist's when present, else torch's.
+    """The store class for ``kind`` ("tcp" or "file"): ferrodist's, which take torch's arguments."""
+    from ferrodist.file_store import FileStore
+    from ferrodist.tcp_store import TCPStore
 
-    The ONE place that chooses; ferrodist's TCPStore and FileStore take torch's arguments.
-    """
-    import ferrodist
-
-    name = {"tcp": "TCPStore", "file": "FileStore"}[kind]
-    return getattr(ferrodist, name, None) or getattr(_tdist, name)
+    return {"tcp": TCPStore, "file": FileStore}[kind]
 
 
 def _query_int(query: dict[str, list[str]], key: str, given: int, url: str) -> int:
