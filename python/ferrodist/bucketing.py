@@ -20,6 +20,7 @@ a negative limit, an object that is not a tensor.
 from __future__ import annotations
 
 import array
+import operator
 from collections.abc import Sequence
 from typing import Any, Union
 
@@ -139,7 +140,13 @@ def _limits(positional: Sequence[int] | None, keyword: Sequence[int] | None) -> 
         raise TypeError(
             f"bucket_size_limits: expected a sequence of ints, got {type(limits).__name__}"
         )
-    return list(limits)
+    try:
+        return [operator.index(limit) for limit in limits]
+    except TypeError:
+        bad = next(i for i, limit in enumerate(limits) if not hasattr(limit, "__index__"))
+        raise TypeError(
+            f"bucket_size_limits[{bad}]: expected an int, got {type(limits[bad]).__name__}"
+        ) from None
 
 
 def _packed(name: str, values: IntArray) -> bytes | list[int]:
