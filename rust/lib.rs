@@ -12,6 +12,8 @@
 //!   stores: [`store::HashStore`], `FileStore` (torch's on-disk format), `PrefixStore`.
 //! * [`bucket`]: DDP gradient bucket assignment (torch's `_compute_bucket_assignment_by_size`)
 //!   from tensor metadata.
+//! * [`collectives`]: control collectives over any store (torch's `_StoreCollectives`, same
+//!   key layout, one deadline per call).
 //! * `python` (feature `python`): PyO3 wrappers only: convert arguments, release the GIL, call
 //!   the core, convert the result.
 
@@ -20,6 +22,7 @@ pub mod runtime;
 pub mod store;
 // --- collectives ---
 pub mod bucket;
+pub mod collectives;
 
 #[cfg(feature = "python")]
 pub mod python;

@@ -14,6 +14,7 @@ from ferrodist.bucketing import (
     compute_bucket_assignment_by_size,
     compute_bucket_assignment_by_size_from_metadata,
 )
+from ferrodist.collectives import StoreCollectives
 from ferrodist.errors import (
     ConnectionClosedError,
     DistBackendError,
@@ -41,6 +42,7 @@ __all__ = [
     "InvalidInputError",
     "QueueEmptyError",
     "Store",
+    "StoreCollectives",
     "StoreTimeoutError",
     "__version__",
     "compute_bucket_assignment_by_size",

@@ -34,5 +34,6 @@ pub fn to_py(err: Error) -> PyErr {
             DistStoreError::new_err(message)
         }
         Error::InvalidInput(_) => InvalidInputError::new_err(message),
+        Error::RanksMissing { .. } => StoreTimeoutError::new_err(message),
     }
 }

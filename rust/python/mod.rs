@@ -9,6 +9,7 @@ mod foreign_store;
 mod store;
 // --- collectives ---
 mod bucket;
+mod collectives;
 
 use pyo3::prelude::*;
 
@@ -20,5 +21,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(foreign_store::wrap_store, m)?)?;
     // --- collectives ---
     bucket::register(m)?;
+    collectives::register(m)?;
     Ok(())
 }
