@@ -165,7 +165,11 @@ pub fn assign_buckets(req: &BucketRequest<'_>) -> Result<BucketAssignment> {
         acc.size = acc.size.saturating_add(req.sizes[i]);
         let limit = req.limits[acc.limit_cursor];
         if acc.size >= limit {
-            out.buckets.push(std::mem::take(&mut acc.indices));
+            let full = acc.indices.len();
+            out.buckets.push(std::mem::replace(
+                &mut acc.indices,
+                Vec::with_capacity(full),
+            ));
             out.size_limits.push(limit);
             acc.size = 0;
             if acc.limit_cursor + 1 < req.limits.len() {

@@ -7,6 +7,7 @@
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::intern;
 use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBytes, PyDict, PyList, PySequence, PyTuple};
 
 use super::blocking::detached;
@@ -24,16 +25,36 @@ pub enum IntArray<'py> {
 }
 
 impl IntArray<'_> {
-    fn to_vec(&self) -> Vec<i64> {
+    /// The values, decoded in one pass; `f` converts each (and may fail naming its position).
+    fn map<T>(&self, mut f: impl FnMut(usize, i64) -> PyResult<T>) -> PyResult<Vec<T>> {
         match self {
             IntArray::Packed(bytes) => bytes
                 .as_bytes()
                 .chunks_exact(8)
-                .map(|c| i64::from_ne_bytes(c.try_into().unwrap_or([0; 8])))
+                .enumerate()
+                .map(|(i, c)| f(i, i64::from_ne_bytes(c.try_into().unwrap_or([0; 8]))))
                 .collect(),
-            IntArray::Sequence(values) => values.clone(),
+            IntArray::Sequence(values) => {
+                values.iter().enumerate().map(|(i, &v)| f(i, v)).collect()
+            }
         }
     }
+
+    fn len(&self) -> usize {
+        match self {
+            IntArray::Packed(bytes) => bytes.as_bytes().len() / 8,
+            IntArray::Sequence(values) => values.len(),
+        }
+    }
+}
+
+/// A byte count: negative values are refused, naming the argument and position.
+fn byte_count(name: &str, i: usize, v: i64) -> PyResult<u64> {
+    u64::try_from(v).map_err(|_| {
+        PyTypeError::new_err(format!(
+            "{name}[{i}] = {v} is negative; it must be a byte count >= 0"
+        ))
+    })
 }
 
 /// Converts signed values to byte counts, naming the argument when one is negative.
@@ -41,18 +62,48 @@ fn non_negative(name: &str, values: &[i64]) -> PyResult<Vec<u64>> {
     values
         .iter()
         .enumerate()
-        .map(|(i, &v)| {
-            u64::try_from(v).map_err(|_| {
-                PyTypeError::new_err(format!(
-                    "{name}[{i}] = {v} is negative; it must be a byte count >= 0"
-                ))
-            })
-        })
+        .map(|(i, &v)| byte_count(name, i, v))
         .collect()
 }
 
+/// Python ints `0..len`, shared by every result (ints are immutable): a bucket list then costs
+/// one reference-count increment per index instead of one allocation, which is most of the
+/// time of a large assignment. Grows to the largest tensor count seen; only used with the GIL.
+static INDEX_POOL: PyOnceLock<Py<PyList>> = PyOnceLock::new();
+
+fn index_pool(py: Python<'_>, len: usize) -> PyResult<Bound<'_, PyList>> {
+    let pool = INDEX_POOL
+        .get_or_init(py, || PyList::empty(py).unbind())
+        .bind(py);
+    if pool.len() < len {
+        let range = py
+            .import(intern!(py, "builtins"))?
+            .getattr(intern!(py, "range"))?;
+        pool.call_method1(intern!(py, "extend"), (range.call1((pool.len(), len))?,))?;
+    }
+    Ok(pool.clone())
+}
+
 fn to_python(py: Python<'_>, result: BucketAssignment) -> PyResult<Bound<'_, PyTuple>> {
-    let buckets = PyList::new(py, result.buckets)?;
+    let needed = result
+        .buckets
+        .iter()
+        .flatten()
+        .max()
+        .map_or(0, |&m| m as usize + 1);
+    let pool = index_pool(py, needed)?;
+    let buckets = result
+        .buckets
+        .iter()
+        .map(|bucket| {
+            let items = bucket
+                .iter()
+                .map(|&i| pool.get_item(i as usize))
+                .collect::<PyResult<Vec<_>>>()?;
+            PyList::new(py, items)
+        })
+        .collect::<PyResult<Vec<_>>>()?;
+    let buckets = PyList::new(py, buckets)?;
     let limits = PyList::new(py, result.size_limits)?;
     PyTuple::new(py, [buckets.into_any(), limits.into_any()])
 }
@@ -69,23 +120,22 @@ fn bucket_assignment_from_metadata<'py>(
     expect_sparse_gradient: Vec<bool>,
     tensor_indices: IntArray<'_>,
 ) -> PyResult<Bound<'py, PyTuple>> {
-    let sizes = non_negative("sizes", &sizes.to_vec())?;
-    let limits = non_negative("bucket_size_limits", &bucket_size_limits)?;
-    let (dtypes, devices) = (dtype_ids.to_vec(), device_ids.to_vec());
-    if dtypes.len() != sizes.len() || devices.len() != sizes.len() {
+    let n = sizes.len();
+    if dtype_ids.len() != n || device_ids.len() != n {
         return Err(PyValueError::new_err(format!(
-            "sizes, dtype_ids and device_ids must have one entry per tensor, got {}, {} and {}",
-            sizes.len(),
-            dtypes.len(),
-            devices.len()
+            "sizes, dtype_ids and device_ids must have one entry per tensor, got {n}, {} and {}",
+            dtype_ids.len(),
+            device_ids.len()
         )));
     }
-    let keys: Vec<GroupKey> = dtypes
-        .iter()
-        .zip(&devices)
-        .map(|(&dtype, &device)| GroupKey { dtype, device })
-        .collect();
-    let indices = tensor_indices.to_vec();
+    let sizes = sizes.map(|i, v| byte_count("sizes", i, v))?;
+    let limits = non_negative("bucket_size_limits", &bucket_size_limits)?;
+    let mut keys = dtype_ids.map(|_, dtype| Ok(GroupKey { dtype, device: 0 }))?;
+    device_ids.map(|i, device| {
+        keys[i].device = device;
+        Ok(())
+    })?;
+    let indices = tensor_indices.map(|_, v| Ok(v))?;
     let result = detached(py, || {
         assign_buckets(&BucketRequest {
             sizes: &sizes,
