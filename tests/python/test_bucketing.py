@@ -89,7 +89,7 @@ def metadata(tensors: list[torch.Tensor]) -> tuple[list[int], list[int], list[in
     )
 
 
-@settings(max_examples=2000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(cases())
 def test_matches_torch_on_random_inputs(case: Case) -> None:
     tensors, limits, sparse, indices = case
@@ -102,7 +102,7 @@ def test_matches_torch_on_random_inputs(case: Case) -> None:
     assert got == expected
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(st.permutations(range(len(DTYPES) * len(DEVICES))), st.integers(0, 10_000))
 def test_leftover_order_matches_torch_past_rehash(order: list[int], seed: int) -> None:
     """40 groups, every tensor in a leftover bucket: the order is torch's map order."""
