@@ -8,6 +8,13 @@ mirrors a torch name takes the same arguments, returns the same types and raises
 from __future__ import annotations
 
 from ferrodist import _native
+
+# --- collectives ---
+from ferrodist.bucketing import (
+    compute_bucket_assignment_by_size,
+    compute_bucket_assignment_by_size_from_metadata,
+)
+from ferrodist.collectives import StoreCollectives
 from ferrodist.errors import (
     ConnectionClosedError,
     DistBackendError,
@@ -15,6 +22,7 @@ from ferrodist.errors import (
     DistNetworkError,
     DistStoreError,
     FerrodistError,
+    InvalidInputError,
     QueueEmptyError,
     StoreTimeoutError,
 )
@@ -37,11 +45,16 @@ __all__ = [
     "FileStore",  # --- file and prefix stores ---
     "HashStore",
     "PrefixStore",  # --- file and prefix stores ---
+    # --- collectives ---
+    "InvalidInputError",
     "QueueEmptyError",
     "Store",
+    "StoreCollectives",
     "StoreTimeoutError",
     "TCPStore",
     "__version__",
+    "compute_bucket_assignment_by_size",
+    "compute_bucket_assignment_by_size_from_metadata",
 ]
 
 # --- process groups ---

@@ -11,6 +11,9 @@ mod store;
 mod store_factories;
 // --- tcp store ---
 mod tcp_store;
+// --- collectives ---
+mod bucket;
+mod collectives;
 
 use pyo3::prelude::*;
 
@@ -24,5 +27,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     store_factories::register(m)?;
     // --- tcp store ---
     tcp_store::register(m)?;
+    // --- collectives ---
+    bucket::register(m)?;
+    collectives::register(m)?;
     Ok(())
 }
