@@ -35,3 +35,23 @@ __all__ = [
     "StoreTimeoutError",
     "__version__",
 ]
+
+# --- ddp ---
+from ferrodist.ddp import (
+    BuiltinCommHookType,
+    GradBucket,
+    Logger,
+    Reducer,
+    _register_builtin_comm_hook,
+    _register_comm_hook,
+)
+
+__all__ += [
+    "BuiltinCommHookType",
+    "GradBucket",
+    "Logger",
+    "Reducer",
+    "_register_builtin_comm_hook",
+    "_register_comm_hook",
+]
+# --- end ddp ---
