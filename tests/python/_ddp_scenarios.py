@@ -189,3 +189,73 @@ def builtin_hook(kind_name: str) -> dict[str, Any]:
             opt.zero_grad()
         results[kind] = {"params": {n: p.detach().clone() for n, p in net.named_parameters()}}
     return results
+
+
+def _compare(res: dict[str, Any]) -> dict[str, Any]:
+    t, f = res["torch"], res["ferrodist"]
+    diffs = {n: (t["params"][n] - f["params"][n]).abs().max().item() for n in t["params"]}
+    return {
+        "bitwise": all(torch.equal(t["params"][n], f["params"][n]) for n in t["params"]),
+        "buffers_bitwise": all(
+            torch.equal(t["buffers"][n], f["buffers"][n]) for n in t.get("buffers", {})
+        ),
+        "max_diff": max(diffs.values()),
+        "torch_layout": t.get("layout", []),
+        "ferrodist_layout": f.get("layout", []),
+        "rebuilt": (t.get("rebuilt"), f.get("rebuilt")),
+        "ferrodist_params": {n: p.tolist() for n, p in f["params"].items()},
+    }
+
+
+#: name -> zero-argument scenario; the test module asserts on each one's comparison.
+SCENARIOS: dict[str, Callable[[], dict[str, Any]]] = {
+    "default": lambda: run(ddp={"bucket_cap_mb": 0.01}),
+    "allreduce_hook_layout": lambda: run(
+        ddp={"bucket_cap_mb": 0.01}, hook="allreduce_hook", record=True
+    ),
+    "unused_find": lambda: run(
+        model={"unused": True},
+        ddp={"find_unused_parameters": True, "bucket_cap_mb": 0.01},
+        spare_on_rank=1,
+        hook="allreduce_hook",
+        record=True,
+    ),
+    "unused_everywhere": lambda: run(
+        model={"unused": True}, ddp={"find_unused_parameters": True}, spare_on_rank=None
+    ),
+    "tied_and_buffers": lambda: run(model={"tied": True, "bn": True}, ddp={"bucket_cap_mb": 0.01}),
+    "no_sync": lambda: run(ddp={"bucket_cap_mb": 0.01}, no_sync_every=2, steps=6),
+    "bucket_view_no_sync": lambda: run(
+        model={"bn": True},
+        ddp={"bucket_cap_mb": 0.01, "gradient_as_bucket_view": True},
+        no_sync_every=2,
+        steps=6,
+        zero_grad_to_none=False,
+    ),
+    "bucket_view_unused": lambda: run(
+        model={"unused": True},
+        ddp={"gradient_as_bucket_view": True, "find_unused_parameters": True},
+        spare_on_rank=0,
+    ),
+    "static_graph": lambda: run(
+        model={"unused": True},
+        ddp={"static_graph": True, "bucket_cap_mb": 0.01},
+        hook="allreduce_hook",
+        record=True,
+        steps=5,
+    ),
+    "fp16_compress": lambda: run(ddp={"bucket_cap_mb": 0.01}, hook="fp16_compress_hook"),
+    "join_uneven": uneven_join,
+    "join_uneven_dynamic_divisor": lambda: uneven_join(divide_by_initial_world_size=False),
+    "fused_optimizer": fused_optimizer,
+    "builtin_allreduce": lambda: builtin_hook("ALLREDUCE"),
+    "builtin_fp16": lambda: builtin_hook("FP16_COMPRESS"),
+}
+
+
+def run_all() -> dict[str, Any]:
+    """Every scenario plus the two error texts, compared; what one rank reports."""
+    out: dict[str, Any] = {name: _compare(fn()) for name, fn in SCENARIOS.items()}
+    out["mismatch_error"] = mismatch_error()
+    out["unused_error"] = unused_without_detection()
+    return out
