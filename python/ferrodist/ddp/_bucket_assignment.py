@@ -2,9 +2,9 @@
 
 DDP groups parameters into buckets with the rule of torch's
 ``torch.distributed._compute_bucket_assignment_by_size``. ferrodist computes that rule in Rust
-(``ferrodist.compute_bucket_assignment_by_size``, same signature and result). Every call in this
-package goes through :func:`assign_buckets`, so switching the implementation is a one-line
-change; torch's function is the fallback while the Rust one is not built into this checkout.
+(``ferrodist.bucketing.compute_bucket_assignment_by_size``, same signature and result, but bad
+input raises instead of crashing). Every call in this package goes through
+:func:`assign_buckets`, the one place that names the implementation.
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ import sys
 from typing import Sequence
 
 import torch
+
+from ferrodist.bucketing import compute_bucket_assignment_by_size
 
 #: torch's ``_DEFAULT_FIRST_BUCKET_BYTES``: the small first bucket used when the user leaves
 #: ``bucket_cap_mb`` at its default, so the first all-reduce starts early in backward.
@@ -31,11 +33,7 @@ def assign_buckets(
     tensor_indices: Sequence[int] = (),
 ) -> tuple[list[list[int]], list[int]]:
     """Bucket ``tensors`` by byte size: ``(bucket_indices, per_bucket_size_limits)``."""
-    try:
-        from ferrodist import compute_bucket_assignment_by_size as compute  # type: ignore
-    except ImportError:  # the collectives branch is not merged into this checkout yet
-        compute = torch.distributed._compute_bucket_assignment_by_size
-    indices, limits = compute(
+    indices, limits = compute_bucket_assignment_by_size(
         list(tensors), list(bucket_size_limits), list(expect_sparse_gradient), list(tensor_indices)
     )
     return [list(map(int, b)) for b in indices], [int(x) for x in limits]
