@@ -7,7 +7,7 @@ gradients can live back to back in one flat tensor that a single all-reduce move
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 
@@ -69,3 +69,59 @@ class Bucket:
         return GradBucket(
             index, bucket_count, buffer, self.offsets, self.lengths, self.sizes, self.parameters
         )
+
+    def copy_in(
+        self, pos: int, param: torch.Tensor, divide_by: Optional[int], as_bucket_view: bool
+    ) -> None:
+        """Put ``param``'s gradient into its slot: zeros if it has none; divided by
+        ``divide_by`` unless that is ``None`` (a comm hook averages by itself). With
+        ``as_bucket_view``, ``param.grad`` becomes the slot itself."""
+        view = self.views_in[pos]
+        grad = param.grad
+        if grad is None:
+            view.zero_()
+            return
+        if grad.data_ptr() == view.data_ptr() and grad.shape == view.shape:
+            if divide_by is not None:
+                view.div_(divide_by)
+            return
+        if divide_by is not None:
+            # one pass: multiply by the reciprocal while copying, as torch's Reducer does
+            torch.mul(grad.detach(), 1.0 / float(divide_by), out=view)
+        else:
+            view.copy_(grad)
+        if as_bucket_view:
+            param.grad = view
+
+    def write_back(self, as_bucket_view: bool, globally_unused: Callable[[int], bool]) -> None:
+        """Copy the reduced values (``views_out``) into each parameter's ``.grad``.
+
+        A parameter no rank used keeps its ``.grad`` untouched. With ``as_bucket_view`` the
+        reduced values land in the bucket and ``.grad`` stays (or becomes) the bucket view.
+        """
+        for pos, index in enumerate(self.variable_indices):
+            param = self.parameters[pos]
+            out = self.views_out[pos]
+            unused = globally_unused(index)
+            if not as_bucket_view:
+                if unused:
+                    continue
+                if param.grad is None:
+                    param.grad = torch.empty_like(param).copy_(out)
+                else:
+                    param.grad.copy_(out)
+                continue
+            view_in = self.views_in[pos]
+            if view_in.data_ptr() != out.data_ptr() or view_in.dtype != out.dtype:
+                view_in.copy_(out)
+            if unused:
+                continue
+            if param.grad is None:
+                param.grad = view_in
+            elif param.grad.data_ptr() != view_in.data_ptr():
+                raise RuntimeError(
+                    "Detected at least one parameter gradient is not the expected DDP bucket "
+                    "view with gradient_as_bucket_view=True. This may happen (for example) if "
+                    "multiple allreduce hooks were registered onto the same parameter. If you "
+                    "hit this error, please file an issue with a minimal repro."
+                )

@@ -16,12 +16,12 @@ from typing import Any, Callable, Iterator, Optional
 
 import torch
 import torch.distributed as tdist
-from torch.distributed.algorithms.join import Join, Joinable, JoinHook
+from torch.distributed.algorithms.join import Join, Joinable
 
 from ferrodist.ddp import _bucket_assignment as ba
 from ferrodist.ddp import comm_hook as ch
 from ferrodist.ddp import module_sync
-from ferrodist.ddp.join import DDPJoinHook, find_common_rank
+from ferrodist.ddp.join import DDPJoinSupport
 from ferrodist.ddp.logger import Logger
 from ferrodist.ddp.reducer import Reducer
 from ferrodist.ddp.registration import _register_builtin_comm_hook, _register_comm_hook
@@ -29,7 +29,7 @@ from ferrodist.ddp.sink import pass_through_sink
 from ferrodist.ddp.unused import find_tensors
 
 
-class DistributedDataParallel(torch.nn.Module, Joinable):
+class DistributedDataParallel(DDPJoinSupport, torch.nn.Module, Joinable):
     """Data-parallel training of ``module``; a drop-in for ``torch.nn.parallel``'s DDP."""
 
     def __init__(
@@ -292,9 +292,6 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
     def _distributed_rank(self) -> int:
         return int(tdist.get_rank(self.process_group))
 
-    def _find_common_rank(self, input_rank: int, rank_cond: bool) -> int:
-        return find_common_rank(self, input_rank, rank_cond)
-
     # ---- public controls ------------------------------------------------------------------
 
     @contextmanager
@@ -357,59 +354,6 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
 
     def _set_ddp_runtime_logging_sample_rate(self, sample_rate: int) -> None:
         self.logger._set_sample_rate(sample_rate)
-
-    # ---- Join (uneven inputs) -------------------------------------------------------------
-
-    def join(
-        self,
-        divide_by_initial_world_size: bool = True,
-        enable: bool = True,
-        throw_on_early_termination: bool = False,
-    ) -> Join:
-        """Context manager for training with uneven inputs across ranks."""
-        return Join(
-            [self],
-            enable,
-            throw_on_early_termination,
-            divide_by_initial_world_size=divide_by_initial_world_size,
-        )
-
-    def join_hook(self, **kwargs: Any) -> JoinHook:
-        """The hook that shadows this DDP's collectives on a joined rank."""
-        return DDPJoinHook(self, kwargs.get("divide_by_initial_world_size", True))
-
-    @property
-    def join_device(self) -> torch.device:
-        return self.device
-
-    @property
-    def join_process_group(self) -> Any:
-        return self.process_group
-
-    def _check_global_requires_backward_grad_sync(self, is_joined_rank: bool) -> Optional[bool]:
-        wants = not is_joined_rank and self.require_backward_grad_sync
-        flag = torch.ones(1, device=self.device) if wants else torch.zeros(1, device=self.device)
-        work = tdist.all_reduce(flag, group=self.process_group, async_op=True)
-        if not is_joined_rank:
-            return None
-        assert work is not None
-        work.wait()
-        return bool(flag.item() != 0)
-
-    def _match_all_reduce_for_bwd_pass(self) -> None:
-        futures = [
-            self.reducer._run_comm_hook(b) for b in self.reducer._get_zeros_like_grad_buckets()
-        ]
-        for fut in futures:
-            fut.wait()
-
-    def _match_unused_params_allreduce(self) -> None:
-        tdist.all_reduce(self.reducer._get_local_used_map().clone(), group=self.process_group)
-
-    def _sync_final_model(self, is_last_joiner: bool) -> None:
-        self._authoritative_rank = self._find_common_rank(self._distributed_rank, is_last_joiner)
-        states = self._module_states(self.forward_sync_buffers)
-        module_sync.broadcast_tensors(self.process_group, states, self._authoritative_rank)
 
 
 def _move_to(obj: Any, device: torch.device) -> Any:

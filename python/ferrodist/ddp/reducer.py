@@ -26,7 +26,9 @@ import torch.distributed as tdist
 
 from ferrodist.ddp import _bucket_assignment, comm_hook
 from ferrodist.ddp.bucket import Bucket
+from ferrodist.ddp.bucket_sync import broadcast_bucket_layout
 from ferrodist.ddp.grad_bucket import GradBucket
+from ferrodist.ddp.reducer_join import ReducerJoinSupport
 from ferrodist.ddp.reducer_state import RuntimeTimes, unfinished_reduction_message
 from ferrodist.ddp.unused import reachable_parameters
 
@@ -36,7 +38,7 @@ def _engine_callback(fn: Callable[[], None]) -> None:
     torch.autograd.Variable._execution_engine.queue_callback(fn)  # type: ignore[attr-defined]
 
 
-class Reducer:
+class Reducer(ReducerJoinSupport):
     """Gradient bucketing and all-reduce for DDP; torch's ``dist.Reducer`` signature."""
 
     def __init__(
@@ -156,40 +158,13 @@ class Reducer:
         indices, limits = _bucket_assignment.assign_buckets(
             [self._params[i] for i in order], self._bucket_limits_for_rebuild(), [], order
         )
-        indices, limits = self._sync_bucket_indices(indices, limits)
+        indices, limits = broadcast_bucket_layout(
+            self._process_group, indices, limits, self._params[0].device
+        )
         self._rebuilt_indices = []
         self._has_rebuilt = True
         self._initialize_buckets(indices, limits)
         return True
-
-    def _sync_bucket_indices(
-        self, indices: list[list[int]], limits: list[int]
-    ) -> tuple[list[list[int]], list[int]]:
-        """Everyone adopts rank 0's buckets (ranks may have seen gradients in another order)."""
-        flat = [len(indices), *map(len, indices), *limits, *(i for b in indices for i in b)]
-        device = self._params[0].device
-        count = torch.tensor([len(flat)], dtype=torch.int64, device=device)
-        tdist.broadcast(count, src=self._group_src(0), group=self._process_group)
-        payload = torch.tensor(flat, dtype=torch.int64, device=device)
-        if int(count.item()) != len(flat):
-            payload = torch.zeros(int(count.item()), dtype=torch.int64, device=device)
-        tdist.broadcast(payload, src=self._group_src(0), group=self._process_group)
-        values = payload.tolist()
-        n = values[0]
-        sizes, limits = values[1 : 1 + n], values[1 + n : 1 + 2 * n]
-        pos, out = 1 + 2 * n, []
-        for size in sizes:
-            out.append(values[pos : pos + size])
-            pos += size
-        return out, limits
-
-    def _group_src(self, group_rank: int) -> int:
-        if self._process_group is None or self._process_group is tdist.GroupMember.WORLD:
-            return group_rank
-        try:
-            return tdist.get_global_rank(self._process_group, group_rank)
-        except (RuntimeError, ValueError):
-            return group_rank
 
     # ---- iteration ----------------------------------------------------------------------------
 
@@ -291,22 +266,12 @@ class Reducer:
 
     def _copy_grad_to_bucket(self, index: int) -> None:
         b, pos = self._locator[index]
-        view = self._buckets[b].views_in[pos]
-        param = self._params[index]
-        grad = param.grad
-        if grad is None:
-            view.zero_()
-            return
-        if grad.data_ptr() == view.data_ptr() and grad.shape == view.shape:
-            if self._comm_hook is None:
-                view.div_(self._div_factor or 1)
-            return
-        if self._comm_hook is None:
-            torch.mul(grad.detach(), 1.0 / float(self._div_factor or 1), out=view)
-        else:
-            view.copy_(grad)
-        if self._as_bucket_view:
-            param.grad = view
+        self._buckets[b].copy_in(
+            pos,
+            self._params[index],
+            None if self._comm_hook is not None else (self._div_factor or 1),
+            self._as_bucket_view,
+        )
 
     def _launch_ready_buckets(self) -> None:
         while (
@@ -367,7 +332,7 @@ class Reducer:
                 result = comm_hook.hook_result_tensor(bucket.future.wait())
                 if self._comm_hook is not None or result is not bucket.buffer:
                     bucket.views_out = bucket.views_of(result.view(-1))
-                self._finalize_bucket(bucket)
+                bucket.write_back(self._as_bucket_view, self._globally_unused)
                 bucket.views_out = bucket.views_in
         if self._used_work is not None:
             self._used_work.wait()
@@ -386,35 +351,7 @@ class Reducer:
             self._used_work = None
         return self._global_used is not None and int(self._global_used[index]) == 0
 
-    def _finalize_bucket(self, bucket: Bucket) -> None:
-        for pos, index in enumerate(bucket.variable_indices):
-            param = self._params[index]
-            out = bucket.views_out[pos]
-            unused = self._globally_unused(index)
-            if not self._as_bucket_view:
-                if unused:
-                    continue
-                if param.grad is None:
-                    param.grad = torch.empty_like(param).copy_(out)
-                else:
-                    param.grad.copy_(out)
-                continue
-            view_in = bucket.views_in[pos]
-            if view_in.data_ptr() != out.data_ptr() or view_in.dtype != out.dtype:
-                view_in.copy_(out)
-            if unused:
-                continue
-            if param.grad is None:
-                param.grad = view_in
-            elif param.grad.data_ptr() != view_in.data_ptr():
-                raise RuntimeError(
-                    "Detected at least one parameter gradient is not the expected DDP bucket "
-                    "view with gradient_as_bucket_view=True. This may happen (for example) if "
-                    "multiple allreduce hooks were registered onto the same parameter. If you "
-                    "hit this error, please file an issue with a minimal repro."
-                )
-
-    # ---- hooks, static graph, join, logging -------------------------------------------------
+    # ---- hooks, static graph, logging -------------------------------------------------
 
     def _set_comm_hook(self, hook: Callable[[GradBucket], Any], kind: str) -> None:
         if self._comm_hook is not None:
@@ -439,22 +376,6 @@ class Reducer:
     def _ddp_graph_static(self) -> bool:
         """Whether every iteration so far used the same parameters (torch's heuristic)."""
         return self._num_iterations > 0 and not self._unused
-
-    def _set_forward_pass_work_handle(self, work: Any, use_static_world_size: bool) -> None:
-        self._forward_work = work
-        self._static_world_size = bool(use_static_world_size)
-
-    def _get_zeros_like_grad_buckets(self) -> list[GradBucket]:
-        count = len(self._buckets)
-        return [
-            b.grad_bucket(i, count, torch.zeros_like(b.buffer)) for i, b in enumerate(self._buckets)
-        ]
-
-    def _get_local_used_map(self) -> torch.Tensor:
-        return self._local_used
-
-    def _push_all_rebuilt_params(self) -> None:
-        self._rebuilt_indices = list(range(len(self._params)))
 
     def _check_reducer_finalized(self) -> None:
         if self._require_finalize:
