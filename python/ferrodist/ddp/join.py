@@ -110,7 +110,8 @@ class DDPJoinSupport:
             fut.wait()
 
     def _match_unused_params_allreduce(self) -> None:
-        tdist.all_reduce(self.reducer._get_local_used_map().clone(), group=self.process_group)
+        used = self.reducer._get_local_used_map().to(self.device, copy=True)
+        tdist.all_reduce(used, group=self.process_group)
 
     def _sync_final_model(self, is_last_joiner: bool) -> None:
         self._authoritative_rank = self._find_common_rank(self._distributed_rank, is_last_joiner)

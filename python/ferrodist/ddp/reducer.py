@@ -296,7 +296,8 @@ class Reducer(ReducerJoinSupport):
         return self._comm_hook(grad_bucket)
 
     def _all_reduce_local_used_map(self) -> None:
-        self._global_used = self._local_used.clone()
+        # on the parameters' device: NCCL reduces only device tensors
+        self._global_used = self._local_used.to(self._params[0].device, copy=True)
         self._used_work = tdist.all_reduce(
             self._global_used, group=self._process_group, async_op=True
         )
