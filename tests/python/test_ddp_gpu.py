@@ -61,9 +61,18 @@ def test_cuda_training_matches_torch(nccl_world: object, hook: str | None) -> No
 
 @pytest.mark.gpu
 @pytest.mark.timeout(120)
-def test_torch_zero_overlap_hook_runs_on_ferrodist_ddp(nccl_world: object) -> None:
-    from torch.distributed.algorithms.ddp_comm_hooks.ddp_zero_hook import hook_with_zero_step
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_torch_zero_overlap_hook_runs_on_ferrodist_ddp(
+    nccl_world: object, interleaved: bool
+) -> None:
+    from torch.distributed.algorithms.ddp_comm_hooks import ddp_zero_hook
     from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    make_hook = (
+        ddp_zero_hook.hook_with_zero_step_interleaved
+        if interleaved
+        else ddp_zero_hook.hook_with_zero_step
+    )
 
     base = _model()
     final = {}
@@ -73,7 +82,7 @@ def test_torch_zero_overlap_hook_runs_on_ferrodist_ddp(nccl_world: object) -> No
         zero = ZeroRedundancyOptimizer(
             ddp.parameters(), torch.optim.SGD, overlap_with_ddp=True, lr=0.1
         )
-        ddp.register_comm_hook(None, hook_with_zero_step(default_hooks.allreduce_hook, ddp, zero))
+        ddp.register_comm_hook(None, make_hook(default_hooks.allreduce_hook, ddp, zero))
         g = torch.Generator().manual_seed(2)
         for _ in range(5):
             ddp(torch.randn(8, 32, generator=g)).square().mean().backward()
