@@ -61,6 +61,7 @@ class DistributedDataParallel(DDPJoinSupport, torch.nn.Module, Joinable):
             ("delay_all_reduce_named_params", delay_all_reduce_named_params),
             ("param_to_hook_all_reduce", param_to_hook_all_reduce),
             ("mixed_precision", mixed_precision),
+            ("skip_all_reduce_unused_params", skip_all_reduce_unused_params or None),
         ):
             if value is not None:
                 raise NotImplementedError(f"ferrodist DDP does not support {name} yet.")
@@ -168,6 +169,10 @@ class DistributedDataParallel(DDPJoinSupport, torch.nn.Module, Joinable):
                 fqn = f"{module_name}.{param_name}" if module_name else param_name
                 if not p.requires_grad or fqn in self.parameters_to_ignore or id(p) in seen:
                     continue
+                if isinstance(sub, (torch.nn.Embedding, torch.nn.EmbeddingBag)) and sub.sparse:
+                    raise NotImplementedError(
+                        f"ferrodist DDP does not reduce sparse gradients yet ({fqn})."
+                    )
                 seen.add(id(p))
                 params.append(p)
                 names.append(fqn)
