@@ -72,6 +72,7 @@ def run(
     spare_on_rank: int | None = None,
     record: bool = False,
     zero_grad_to_none: bool = True,
+    swap_hooks: bool = False,
 ) -> dict[str, Any]:
     """Train both DDPs; return ``{"torch": ..., "ferrodist": ...}`` results."""
     rank = dist.get_rank()
@@ -86,7 +87,11 @@ def run(
         wrapped = ddp_cls(net, **(ddp or {}))
         layout: list[Any] = []
         if hook is not None:
+            if swap_hooks:  # torch's DDP runs ferrodist's hook and the other way round
+                hooks = fd_hooks if hooks is torch_hooks else torch_hooks
             fn = getattr(hooks, hook)
+            if hook.endswith("_wrapper"):
+                fn = fn(hooks.allreduce_hook)
             if record:
                 fn = _layout_recorder(wrapped, fn, layout)
             wrapped.register_comm_hook(None, fn)
@@ -245,6 +250,11 @@ SCENARIOS: dict[str, Callable[[], dict[str, Any]]] = {
         steps=5,
     ),
     "fp16_compress": lambda: run(ddp={"bucket_cap_mb": 0.01}, hook="fp16_compress_hook"),
+    "fp16_wrapper_swapped": lambda: run(
+        ddp={"bucket_cap_mb": 0.01, "gradient_as_bucket_view": True},
+        hook="fp16_compress_wrapper",
+        swap_hooks=True,
+    ),
     "join_uneven": uneven_join,
     "join_uneven_dynamic_divisor": lambda: uneven_join(divide_by_initial_world_size=False),
     "fused_optimizer": fused_optimizer,

@@ -80,6 +80,7 @@ BITWISE = [
     "bucket_view_unused",
     "static_graph",
     "fp16_compress",
+    "fp16_wrapper_swapped",
     "join_uneven",
     "join_uneven_dynamic_divisor",
     "fused_optimizer",
