@@ -115,6 +115,15 @@ def run(
     return results
 
 
+def subgroup() -> dict[str, Any]:
+    """DDP over ``new_group([1, 2])``: group rank 0 is global rank 1; rank 0 sits out."""
+    group = dist.new_group([1, 2])
+    if dist.get_rank() == 0:
+        empty: dict[str, Any] = {"params": {}, "buffers": {}}
+        return {"torch": empty, "ferrodist": empty}
+    return run(model={"bn": True}, ddp={"bucket_cap_mb": 0.01, "process_group": group})
+
+
 def uneven_join(divide_by_initial_world_size: bool = True) -> dict[str, Any]:
     """Rank r trains on 3 + 2r batches inside ``ddp.join()``; both DDPs must agree."""
     rank = dist.get_rank()
@@ -204,7 +213,7 @@ def _compare(res: dict[str, Any]) -> dict[str, Any]:
         "buffers_bitwise": all(
             torch.equal(t["buffers"][n], f["buffers"][n]) for n in t.get("buffers", {})
         ),
-        "max_diff": max(diffs.values()),
+        "max_diff": max(diffs.values(), default=0.0),
         "torch_layout": t.get("layout", []),
         "ferrodist_layout": f.get("layout", []),
         "rebuilt": (t.get("rebuilt"), f.get("rebuilt")),
@@ -255,6 +264,7 @@ SCENARIOS: dict[str, Callable[[], dict[str, Any]]] = {
         hook="fp16_compress_wrapper",
         swap_hooks=True,
     ),
+    "subgroup": subgroup,
     "join_uneven": uneven_join,
     "join_uneven_dynamic_divisor": lambda: uneven_join(divide_by_initial_world_size=False),
     "fused_optimizer": fused_optimizer,
