@@ -44,9 +44,9 @@ __all__ = [
     "FerrodistError",
     "FileStore",  # --- file and prefix stores ---
     "HashStore",
-    "PrefixStore",  # --- file and prefix stores ---
     # --- collectives ---
     "InvalidInputError",
+    "PrefixStore",  # --- file and prefix stores ---
     "QueueEmptyError",
     "Store",
     "StoreCollectives",
@@ -67,3 +67,22 @@ from ferrodist.ops import *  # noqa: F403
 from ferrodist.process_group import *  # noqa: F403
 
 __all__ += [*c10d.__all__, *ops.__all__, *process_group.__all__, *_round_robin.__all__]
+# --- ddp ---
+from ferrodist.ddp import (
+    BuiltinCommHookType,
+    GradBucket,
+    Logger,
+    Reducer,
+    _register_builtin_comm_hook,
+    _register_comm_hook,
+)
+
+__all__ += [
+    "BuiltinCommHookType",
+    "GradBucket",
+    "Logger",
+    "Reducer",
+    "_register_builtin_comm_hook",
+    "_register_comm_hook",
+]
+# --- end ddp ---
