@@ -37,15 +37,19 @@ def _attr(module: str, name: str) -> Any:
 OPTIMIZERS: dict[str, Callable[[Any, float], torch.optim.Optimizer]] = {
     "sgd": lambda params, lr: _attr("torch.optim", "SGD")(params, lr=lr, momentum=0.9),
     "adam": lambda params, lr: _attr("torch.optim", "Adam")(params, lr=lr),
+    "zero": lambda params, lr: _attr("ferrodist.optim", "ZeroRedundancyOptimizer")(
+        params, optimizer_class=_attr("torch.optim", "SGD"), lr=lr, momentum=0.9
+    ),
 }
 """``--optimizer`` choices: name -> build(parameters, lr)."""
 
 DDP_WRAPPERS: dict[str, Callable[[torch.nn.Module], torch.nn.Module]] = {
+    "ferrodist": lambda model: _attr("ferrodist.nn", "DistributedDataParallel")(model),
     "torch": lambda model: _attr("torch.nn.parallel", "DistributedDataParallel")(model),
 }
 """``--ddp`` choices: name -> wrap(model)."""
 
-DEFAULT_LR = {"sgd": 0.05, "adam": 0.01}
+DEFAULT_LR = {"sgd": 0.05, "adam": 0.01, "zero": 0.05}
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
@@ -53,7 +57,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--world-size", type=int, default=2, help="processes to start (default 2)")
     p.add_argument("--steps", type=int, default=60, help="training steps (default 60)")
     p.add_argument("--optimizer", choices=sorted(OPTIMIZERS), default="sgd")
-    p.add_argument("--ddp", choices=sorted(DDP_WRAPPERS), default="torch")
+    p.add_argument("--ddp", choices=sorted(DDP_WRAPPERS), default="ferrodist")
     p.add_argument("--lr", type=float, default=None, help="learning rate (default per optimizer)")
     p.add_argument("--port", type=int, default=0, help="rendezvous port (default: a free one)")
     p.add_argument("--log-every", type=int, default=10, help="print the loss every N steps")

@@ -51,11 +51,11 @@ impl PyStoreCollectives {
         &self,
         py: Python<'_>,
         key: &str,
-        data: Value<'_>,
+        data: Value,
         timeout: Option<Timeout>,
     ) -> PyResult<()> {
         timeout_or_default(timeout)?;
-        let data = data.to_vec();
+        let data = data.into_vec();
         detached(py, || self.inner.broadcast_send(key, &data))
     }
 
@@ -75,11 +75,11 @@ impl PyStoreCollectives {
         &self,
         py: Python<'_>,
         key: &str,
-        data: Value<'_>,
+        data: Value,
         timeout: Option<Timeout>,
     ) -> PyResult<()> {
         timeout_or_default(timeout)?;
-        let data = data.to_vec();
+        let data = data.into_vec();
         detached(py, || self.inner.gather_send(key, &data))
     }
 
@@ -88,11 +88,11 @@ impl PyStoreCollectives {
         &self,
         py: Python<'_>,
         key: &str,
-        data: Value<'_>,
+        data: Value,
         timeout: Option<Timeout>,
     ) -> PyResult<Vec<Vec<u8>>> {
         let timeout = timeout_or_default(timeout)?;
-        let data = data.to_vec();
+        let data = data.into_vec();
         detached_interruptible(py, |intr| self.inner.gather_recv(key, &data, timeout, intr))
     }
 
@@ -101,11 +101,11 @@ impl PyStoreCollectives {
         &self,
         py: Python<'_>,
         key: &str,
-        data: Vec<Value<'_>>,
+        data: Vec<Value>,
         timeout: Option<Timeout>,
     ) -> PyResult<Vec<u8>> {
         timeout_or_default(timeout)?;
-        let data: Vec<Vec<u8>> = data.iter().map(Value::to_vec).collect();
+        let data: Vec<Vec<u8>> = data.into_iter().map(Value::into_vec).collect();
         detached(py, || self.inner.scatter_send(key, &data))
     }
 
@@ -125,11 +125,11 @@ impl PyStoreCollectives {
         &self,
         py: Python<'_>,
         key: &str,
-        data: Value<'_>,
+        data: Value,
         timeout: Option<Timeout>,
     ) -> PyResult<Vec<Vec<u8>>> {
         let timeout = timeout_or_default(timeout)?;
-        let data = data.to_vec();
+        let data = data.into_vec();
         detached_interruptible(py, |intr| self.inner.all_gather(key, &data, timeout, intr))
     }
 
