@@ -12,10 +12,14 @@
 //!   stores: [`store::HashStore`], `FileStore` (torch's on-disk format), `PrefixStore`.
 //! * `python` (feature `python`): PyO3 wrappers only: convert arguments, release the GIL, call
 //!   the core, convert the result.
+//! * [`partition`]: ZeRO's sorted-greedy parameter partition across ranks.
 
 pub mod error;
 pub mod runtime;
 pub mod store;
+
+// --- zero ---
+pub mod partition;
 
 #[cfg(feature = "python")]
 pub mod python;

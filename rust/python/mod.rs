@@ -8,6 +8,9 @@ mod errors;
 mod foreign_store;
 mod store;
 
+// --- zero ---
+mod partition;
+
 use pyo3::prelude::*;
 
 /// The native half of the `ferrodist` package; the public API is the Python package itself.
@@ -16,5 +19,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     store::register(m)?;
     m.add_function(wrap_pyfunction!(foreign_store::wrap_store, m)?)?;
+    // --- zero ---
+    m.add_function(wrap_pyfunction!(partition::sorted_greedy_partition, m)?)?;
+    m.add_function(wrap_pyfunction!(partition::assign_ddp_buckets, m)?)?;
     Ok(())
 }

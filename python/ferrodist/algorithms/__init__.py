@@ -1,0 +1,1 @@
+"""``ferrodist.algorithms``: mirrors ``torch.distributed.algorithms`` (DDP comm hooks, overlap)."""

@@ -1,0 +1,1 @@
+"""DDP communication hooks, under the module paths torch uses."""
