@@ -150,11 +150,14 @@ def check_resharding(rank: int, world: int, tmp: str, load_from: int | None) -> 
                         p.copy_(saved)
                 before = repr(ckpt["optim"])
                 zero.load_state_dict(ckpt["optim"])
-                assert repr(ckpt["optim"]) == before, "load_state_dict must not edit its input"
                 done = ckpt["steps"]
             for step in range(done, done + RESHARD_STEPS):
                 backward(model, seed=step)  # same data on every rank: world-size independent
                 zero.step()
+            if load_from is not None:
+                # torch overwrites non-owned entries with None and keeps training the loaded
+                # tensors in place; the checkpoint must come out of ours untouched.
+                assert repr(ckpt["optim"]) == before, "load_state_dict must not edit its input"
             reference = reference_run(name, done + RESHARD_STEPS)
             for p, q in zip(model.parameters(), reference.parameters()):
                 assert torch.equal(p, q), (tag, world, load_from)
