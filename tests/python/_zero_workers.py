@@ -80,6 +80,15 @@ def check_parity_with_torch(rank: int, world: int) -> None:
             theirs = TorchZero(
                 param_groups(theirs_model), cls, parameters_as_bucket_view=bucket_view, **kwargs
             )
+            index = {p: i for i, p in enumerate(ours_model.parameters())}
+            theirs_index = {p: i for i, p in enumerate(theirs_model.parameters())}
+            assert [
+                [[index[p] for p in g["params"]] for g in groups]
+                for groups in ours._partition_parameters()
+            ] == [
+                [[theirs_index[p] for p in g["params"]] for g in groups]
+                for groups in theirs._partition_parameters()
+            ]
             for step in range(3):
                 for model, opt in ((ours_model, ours), (theirs_model, theirs)):
                     backward(model, seed=100 * rank + step)  # rank-local gradients

@@ -35,11 +35,16 @@ def register_overlapped(optim_cls: type) -> Callable[[type], type]:
     """
 
     def decorator(overlapped_cls: type) -> type:
-        if overlapped_cls in _registered_overlapped_optims:
+        # torch only looks the class up among the *keys* (optimizer classes), so a second
+        # registration slips through there; here it raises as documented.
+        registered_for = [
+            k for k, v in _registered_overlapped_optims.items() if v is overlapped_cls
+        ]
+        if registered_for or overlapped_cls in _registered_overlapped_optims:
             raise ValueError(
                 f"{overlapped_cls} already registered with optim_cls "
-                f"{_registered_overlapped_optims[overlapped_cls]} {optim_cls}, trying to "
-                f"re-register it for {optim_cls} is not supported."
+                f"{registered_for[0] if registered_for else overlapped_cls} {optim_cls}, trying "
+                f"to re-register it for {optim_cls} is not supported."
             )
         _registered_overlapped_optims[optim_cls] = overlapped_cls
         return overlapped_cls
