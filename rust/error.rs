@@ -70,6 +70,12 @@ pub enum Error {
     /// The operation was interrupted by the caller (e.g. Ctrl-C in Python).
     #[error("interrupted")]
     Interrupted,
+    // --- collectives ---
+    /// An argument torch rejects with a `RuntimeError` or crashes on (an empty tensor list, a
+    /// sparse tensor, indices out of range); Python sees a class that is both `ValueError` and
+    /// `RuntimeError`, so torch's `except` clauses still catch it.
+    #[error("{0}")]
+    InvalidInput(String),
 }
 
 impl Error {

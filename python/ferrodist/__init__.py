@@ -8,6 +8,12 @@ mirrors a torch name takes the same arguments, returns the same types and raises
 from __future__ import annotations
 
 from ferrodist import _native
+
+# --- collectives ---
+from ferrodist.bucketing import (
+    compute_bucket_assignment_by_size,
+    compute_bucket_assignment_by_size_from_metadata,
+)
 from ferrodist.errors import (
     ConnectionClosedError,
     DistBackendError,
@@ -15,6 +21,7 @@ from ferrodist.errors import (
     DistNetworkError,
     DistStoreError,
     FerrodistError,
+    InvalidInputError,
     QueueEmptyError,
     StoreTimeoutError,
 )
@@ -30,8 +37,12 @@ __all__ = [
     "DistStoreError",
     "FerrodistError",
     "HashStore",
+    # --- collectives ---
+    "InvalidInputError",
     "QueueEmptyError",
     "Store",
     "StoreTimeoutError",
     "__version__",
+    "compute_bucket_assignment_by_size",
+    "compute_bucket_assignment_by_size_from_metadata",
 ]

@@ -1,7 +1,8 @@
 # Type stub for the Rust extension `ferrodist._native` (rust/python/).
 # tests/python/test_stubs.py checks that this file and the module list the same names.
+from collections.abc import Mapping
 from datetime import timedelta
-from typing import Union
+from typing import Any, Union
 
 _Value = Union[str, bytes]
 _Timeout = Union[timedelta, float]
@@ -41,3 +42,19 @@ def sorted_greedy_partition(
 def assign_ddp_buckets(
     bucket_sizes: list[list[int]], world_size: int, shard_buckets: bool
 ) -> list[tuple[int, int, int, int]]: ...
+# --- collectives ---
+def bucket_assignment_from_metadata(
+    sizes: bytes | list[int],
+    dtype_ids: bytes | list[int],
+    device_ids: bytes | list[int],
+    bucket_size_limits: list[int],
+    expect_sparse_gradient: list[bool],
+    tensor_indices: bytes | list[int],
+) -> tuple[list[list[int]], list[int]]: ...
+def bucket_assignment_of_tensors(
+    tensors: object,
+    bucket_size_limits: list[int],
+    expect_sparse_gradient: list[bool],
+    tensor_indices: list[int],
+    dtype_ids: Mapping[Any, int],
+) -> tuple[list[list[int]], list[int]]: ...

@@ -7,6 +7,8 @@ mod blocking;
 mod errors;
 mod foreign_store;
 mod store;
+// --- collectives ---
+mod bucket;
 
 // --- zero ---
 mod partition;
@@ -22,5 +24,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     // --- zero ---
     m.add_function(wrap_pyfunction!(partition::sorted_greedy_partition, m)?)?;
     m.add_function(wrap_pyfunction!(partition::assign_ddp_buckets, m)?)?;
+    // --- collectives ---
+    bucket::register(m)?;
     Ok(())
 }
