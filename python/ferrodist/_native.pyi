@@ -42,6 +42,7 @@ def sorted_greedy_partition(
 def assign_ddp_buckets(
     bucket_sizes: list[list[int]], world_size: int, shard_buckets: bool
 ) -> list[tuple[int, int, int, int]]: ...
+
 # --- collectives ---
 def bucket_assignment_from_metadata(
     sizes: bytes | list[int],

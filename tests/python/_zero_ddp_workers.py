@@ -17,6 +17,7 @@ from torch.distributed.algorithms.join import Join
 from torch.distributed.optim import ZeroRedundancyOptimizer as TorchZero
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+import ferrodist
 import ferrodist.optim as fopt
 from ferrodist.algorithms.ddp_comm_hooks import ddp_zero_hook as ours_zero_hook
 
@@ -76,6 +77,17 @@ def check_overlap_hooks(rank: int, world: int) -> None:
                     ddp_step(ddp, seed=100 * rank + step)
             (theirs, _, _), (ours, _, ours_zero) = models
             assert ours_zero._overlap_info.status == 2
+            # The buckets ZeRO recorded are the ones DDP rebuilt, as the Rust bucket assignment
+            # predicts from the gradient-ready order (reverse registration order here).
+            params = list(ours.parameters())
+            ready = list(reversed(range(len(params))))
+            cap = int(BUCKET_CAP_MB * 1024 * 1024)
+            predicted, _ = ferrodist.compute_bucket_assignment_by_size(
+                [params[i] for i in ready], [cap, cap], tensor_indices=ready
+            )
+            index = {p: i for i, p in enumerate(params)}
+            recorded = [[index[p] for p in b] for b in ours_zero._overlap_info.params_per_bucket]
+            assert recorded == predicted, (recorded, predicted)
             fresh = make_model()
             assert any(not torch.equal(p, q) for p, q in zip(ours.parameters(), fresh.parameters()))
             for p, q in zip(ours.parameters(), theirs.parameters()):
