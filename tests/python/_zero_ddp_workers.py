@@ -94,6 +94,28 @@ def check_overlap_hooks(rank: int, world: int) -> None:
                 assert torch.equal(p, q), (interleaved, shard_buckets, world)
 
 
+def check_overlap_errors(rank: int, world: int) -> None:
+    model = make_model()
+    ddp = DDP(model)
+    plain = fopt.ZeroRedundancyOptimizer(model.parameters(), torch.optim.SGD, lr=0.1)
+    try:
+        ours_zero_hook.hook_with_zero_step(allreduce_hook, ddp, plain)
+    except ValueError as err:
+        assert "overlap_with_ddp=True" in str(err)
+    else:
+        raise AssertionError("a non-overlap ZeRO must be refused by the hook")
+    overlap = fopt.ZeroRedundancyOptimizer(
+        model.parameters(), torch.optim.SGD, overlap_with_ddp=True, lr=0.1
+    )
+    assert overlap.step() is None  # a no-op (with a warning) in overlap mode
+    try:
+        overlap.consolidate_state_dict()
+    except RuntimeError as err:
+        assert "fully initialized" in str(err)
+    else:
+        raise AssertionError("consolidate before the overlap initialisation must raise")
+
+
 def check_join_uneven_inputs(rank: int, world: int) -> None:
     """Ranks with fewer batches keep broadcasting their shard through ZeRO's join hook."""
     results = []
@@ -203,6 +225,7 @@ def check_sharded_optimizer_dtensor(rank: int, world: int) -> None:
 
 def run_ddp_checks(rank: int, world: int) -> None:
     check_overlap_hooks(rank, world)
+    check_overlap_errors(rank, world)
     check_join_uneven_inputs(rank, world)
     check_overlapped_optimizer(rank, world)
     check_sharded_optimizer_dtensor(rank, world)

@@ -126,6 +126,30 @@ def check_add_param_group_parity(rank: int, world: int) -> None:
         assert torch.equal(p, q)
 
 
+def check_subgroup(rank: int, world: int) -> None:
+    """ZeRO over a group that excludes global rank 0: group ranks != global ranks."""
+    members = list(range(1, world))
+    group = dist.new_group(members)  # collective over the whole world
+    if rank not in members:
+        return
+    cls, kwargs = OPTIMIZERS["adam"]
+    ours_model, theirs_model = make_model(), make_model()
+    ours = fopt.ZeroRedundancyOptimizer(
+        param_groups(ours_model), cls, process_group=group, **kwargs
+    )
+    theirs = TorchZero(param_groups(theirs_model), cls, process_group=group, **kwargs)
+    for step in range(2):
+        for model, opt in ((ours_model, ours), (theirs_model, theirs)):
+            backward(model, seed=100 * rank + step)
+            opt.step()
+    for p, q in zip(ours_model.parameters(), theirs_model.parameters()):
+        assert torch.equal(p, q)
+    ours.consolidate_state_dict(to=0)  # group rank 0 = global rank 1
+    theirs.consolidate_state_dict(to=0)
+    if rank == members[0]:
+        assert_state_dicts_equal(ours.state_dict(), theirs.state_dict())
+
+
 def reference_run(name: str, steps: int) -> nn.Module:
     """The unsharded optimizer on the same data: what resharded ZeRO must reproduce."""
     cls, kwargs = OPTIMIZERS[name]
@@ -189,6 +213,7 @@ def run_world(rank: int, world: int, tmp: str, load_from: int | None) -> None:
     try:
         check_parity_with_torch(rank, world)
         check_add_param_group_parity(rank, world)
+        check_subgroup(rank, world)
         check_resharding(rank, world, tmp, load_from)
         from _zero_ddp_workers import run_ddp_checks
 
