@@ -111,3 +111,17 @@ def test_overlap_registry() -> None:
         standard.register_fsdp(None)
     with pytest.raises(ValueError, match="does not have a functional counterpart"):
         fopt._as_overlapped_optim(torch.optim.LBFGS, params, lr=0.1)
+
+
+def test_optimizer_class_resolution_for_overlap_mode() -> None:
+    from torch.distributed.optim.utils import functional_optim_map
+
+    from ferrodist.optim._params import resolve_optimizer_class
+
+    functional_adam = functional_optim_map[torch.optim.Adam]
+    assert resolve_optimizer_class(torch.optim.Adam, overlap_with_ddp=True) is functional_adam
+    assert resolve_optimizer_class(torch.optim.Adam, overlap_with_ddp=False) is torch.optim.Adam
+    with pytest.raises(ValueError, match="when `overlap_with_ddp=False`"):
+        resolve_optimizer_class(functional_adam, overlap_with_ddp=False)
+    with pytest.raises(ValueError, match="no supported functional optimizer equivalent"):
+        resolve_optimizer_class(torch.optim.LBFGS, overlap_with_ddp=True)

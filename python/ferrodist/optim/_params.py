@@ -1,4 +1,4 @@
-"""Validation of the ``params`` argument of ``ZeroRedundancyOptimizer``.
+"""Validation of the ``params`` and ``optimizer_class`` arguments of ``ZeroRedundancyOptimizer``.
 
 The checks and their messages follow torch's so the same ``except`` clauses catch them.
 """
@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from torch.distributed.optim.utils import functional_optim_map
 
 
 def verify_params(params: Any) -> tuple[list[Any], list[torch.Tensor]]:
@@ -68,3 +69,30 @@ def verify_same_dense_type(tensors: list[torch.Tensor]) -> None:
                 "ZeroRedundancyOptimizer only supports using the same dense type for all "
                 f"parameters but got both {typename} and {other}"
             )
+
+
+def resolve_optimizer_class(optimizer_class: Any, overlap_with_ddp: bool) -> Any:
+    """The class the local optimizer is built from.
+
+    Overlap mode steps with gradients handed over by DDP's hook, so it needs torch's functional
+    counterpart of ``optimizer_class``; the normal mode needs the regular class.
+
+    Raises:
+        ValueError: a functional class without overlap, or a class with no functional
+            counterpart in overlap mode.
+    """
+    functional = set(functional_optim_map.values())
+    if not overlap_with_ddp:
+        if optimizer_class in functional:
+            raise ValueError(
+                f"Passing in a functional optimizer {optimizer_class} when `overlap_with_ddp=False`"
+            )
+        return optimizer_class
+    if optimizer_class in functional:
+        return optimizer_class
+    if optimizer_class in functional_optim_map:
+        return functional_optim_map[optimizer_class]
+    raise ValueError(
+        "Using `ddp_with_overlap=True` requires using a functional optimizer, but there is "
+        f"no supported functional optimizer equivalent for {optimizer_class}"
+    )

@@ -23,10 +23,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.join import Join, Joinable, JoinHook
-from torch.distributed.optim.utils import functional_optim_map
 from torch.optim import Optimizer
 
-from ferrodist.optim import _bucket_view
+from ferrodist.optim import _bucket_view, _checkpoint
 from ferrodist.optim._overlap_state import (
     _DDPBucketAssignment,
     _OverlapInfo,
@@ -34,9 +33,12 @@ from ferrodist.optim._overlap_state import (
     assign_buckets,
     flatten_assignments,
 )
-from ferrodist.optim._params import verify_params, verify_same_dense_type
+from ferrodist.optim._params import (
+    resolve_optimizer_class,
+    verify_params,
+    verify_same_dense_type,
+)
 from ferrodist.optim._partition import partition_param_groups
-from ferrodist.optim._shard_transfer import recv_shard, send_shard, snapshot
 
 __all__ = ["ZeroRedundancyOptimizer"]
 
@@ -67,19 +69,6 @@ def _sync_param_groups(src: list[dict[str, Any]], dst: list[dict[str, Any]]) -> 
         for key, value in src_group.items():
             if key != "params":
                 dst_group[key] = value
-
-
-def _to_device(value: Any, device: torch.device) -> Any:
-    """A copy of ``value`` with every tensor on ``device`` (0-dim tensors stay on CPU)."""
-    if isinstance(value, torch.Tensor):
-        target = torch.device("cpu") if value.dim() == 0 else device
-        return value.detach().to(target, copy=True)
-    if isinstance(value, dict):
-        return {k: _to_device(v, device) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        items = [_to_device(v, device) for v in value]
-        return items if isinstance(value, list) else tuple(items)
-    return value
 
 
 class ZeroRedundancyOptimizer(Optimizer, Joinable):
@@ -143,7 +132,7 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable):
 
         self._overlap_with_ddp = overlap_with_ddp
         self._optim_defaults = defaults
-        self._optim_constructor = self._get_optimizer_constructor(optimizer_class)
+        self._optim_constructor = resolve_optimizer_class(optimizer_class, overlap_with_ddp)
         if not overlap_with_ddp:
             self._init_local_optimizer()
         else:
@@ -257,24 +246,6 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable):
         return [p.requires_grad for p in self._all_params]
 
     # ------------------------------------------------------------------- local optimizer
-
-    def _get_optimizer_constructor(self, optimizer_class: Any) -> Any:
-        functional = set(functional_optim_map.values())
-        if not self._overlap_with_ddp:
-            if optimizer_class in functional:
-                raise ValueError(
-                    f"Passing in a functional optimizer {optimizer_class} when "
-                    "`overlap_with_ddp=False`"
-                )
-            return optimizer_class
-        if optimizer_class in functional:
-            return optimizer_class
-        if optimizer_class in functional_optim_map:
-            return functional_optim_map[optimizer_class]
-        raise ValueError(
-            "Using `ddp_with_overlap=True` requires using a functional optimizer, but there is "
-            f"no supported functional optimizer equivalent for {optimizer_class}"
-        )
 
     def _init_local_optimizer(self) -> None:
         """Build ``self.optim`` over this rank's share of the parameters."""
@@ -436,23 +407,6 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable):
 
     # ----------------------------------------------------------------------- state dicts
 
-    def _local_state_by_global_index(self) -> dict[int, Any]:
-        """This rank's optimizer state, keyed by global parameter index."""
-        local = self.optim.state_dict()
-        global_groups = self._partition_parameters()[self.rank]
-        if len(local["param_groups"]) != len(global_groups):
-            raise AssertionError("Mismatch between number of local and global parameter groups")
-        out: dict[int, Any] = {}
-        for local_group, global_group in zip(local["param_groups"], global_groups):
-            if len(local_group["params"]) != len(global_group["params"]):
-                raise AssertionError(
-                    "Mismatch between number of local and global parameters in parameter group"
-                )
-            for local_index, param in zip(local_group["params"], global_group["params"]):
-                if local_index in local["state"]:
-                    out[self._param_to_index[param]] = local["state"][local_index]
-        return out
-
     def consolidate_state_dict(self, to: int = 0) -> None:
         """Gather the full optimizer state on rank ``to`` (collective: call it on every rank).
 
@@ -461,24 +415,8 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable):
         """
         self._check_overlap_initialized()
         _sync_param_groups(self.param_groups, self.optim.param_groups)
-        self._consolidated_state = None
-        if self.rank != to:
-            send_shard(
-                self._local_state_by_global_index(),
-                self._global_rank(to),
-                self.process_group,
-                self._default_device,
-            )
-            return
-        consolidated: dict[int, Any] = {}
-        for rank in range(self.world_size):
-            if rank == self.rank:
-                consolidated.update(snapshot(self._local_state_by_global_index()))
-            else:
-                consolidated.update(
-                    recv_shard(self._global_rank(rank), self.process_group, self._default_device)
-                )
-        self._consolidated_state = consolidated
+        self._consolidated_state = None  # a failed consolidation leaves no stale copy
+        self._consolidated_state = _checkpoint.consolidate(self, to)
 
     def state_dict(self) -> dict[str, Any]:
         """The last consolidated global state, in the format of a non-sharded optimizer.
@@ -505,12 +443,7 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable):
         partition. The caller's dict is left unchanged.
         """
         self._check_overlap_initialized()
-        owned: list[torch.Tensor] = []
-        for index, value in state_dict["state"].items():
-            param = self._index_to_param[index]
-            if self._param_to_rank[param] == self.rank:
-                self.optim.state[param] = _to_device(value, param.device)
-                owned.append(param)
+        owned = _checkpoint.load_owned_state(self, state_dict)
         # The global object records only which parameters have state; the tensors live in the
         # local optimizer.
         placeholder = {**state_dict, "state": dict.fromkeys(state_dict["state"])}
