@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import torch
+import torch.distributed as dist
 
 from ferrodist.optim._shard_transfer import recv_shard, send_shard, snapshot
 
@@ -36,6 +37,16 @@ def local_state_by_global_index(zero: ZeroRedundancyOptimizer) -> dict[int, Any]
     return out
 
 
+def transport_device(zero: ZeroRedundancyOptimizer) -> torch.device:
+    """Where shard tensors travel: CPU for gloo (its send/recv take CPU tensors only), the
+    parameters' device for other backends (NCCL moves CUDA tensors only)."""
+    try:
+        backend = dist.get_backend(zero.process_group)
+    except (RuntimeError, ValueError):
+        backend = None
+    return torch.device("cpu") if backend == "gloo" else zero._default_device
+
+
 def consolidate(zero: ZeroRedundancyOptimizer, to: int) -> dict[int, Any] | None:
     """Send this rank's shard to group rank ``to``; on ``to``, return every shard merged.
 
@@ -48,7 +59,7 @@ def consolidate(zero: ZeroRedundancyOptimizer, to: int) -> dict[int, Any] | None
             local_state_by_global_index(zero),
             zero._global_rank(to),
             zero.process_group,
-            zero._default_device,
+            transport_device(zero),
         )
         return None
     consolidated: dict[int, Any] = {}
@@ -57,7 +68,7 @@ def consolidate(zero: ZeroRedundancyOptimizer, to: int) -> dict[int, Any] | None
             consolidated.update(snapshot(local_state_by_global_index(zero)))
         else:
             consolidated.update(
-                recv_shard(zero._global_rank(rank), zero.process_group, zero._default_device)
+                recv_shard(zero._global_rank(rank), zero.process_group, transport_device(zero))
             )
     return consolidated
 
