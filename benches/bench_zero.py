@@ -33,7 +33,7 @@ from ferrodist.optim import ZeroRedundancyOptimizer as FerroZero
 
 QUICK = "--quick" in sys.argv
 WIDTH, LAYERS = (512, 4) if QUICK else (2048, 12)
-TIMED_STEPS = 3 if QUICK else 5
+TIMED_STEPS = 3 if QUICK else 7
 IMPLS = {"ferrodist": FerroZero, "torch": TorchZero}
 
 

@@ -125,3 +125,13 @@ def test_optimizer_class_resolution_for_overlap_mode() -> None:
         resolve_optimizer_class(functional_adam, overlap_with_ddp=False)
     with pytest.raises(ValueError, match="no supported functional optimizer equivalent"):
         resolve_optimizer_class(torch.optim.LBFGS, overlap_with_ddp=True)
+
+
+def test_param_groups_given_as_generators_are_not_exhausted() -> None:
+    from ferrodist.optim._params import verify_params
+
+    model = nn.Linear(3, 2)
+    user_group = {"params": model.parameters(), "lr": 0.3}
+    groups, tensors = verify_params([user_group])
+    assert groups[0]["params"] == list(model.parameters()) == tensors
+    assert groups[0]["lr"] == 0.3

@@ -40,6 +40,7 @@ def verify_params(params: Any) -> tuple[list[Any], list[torch.Tensor]]:
     if not all(isinstance(p, dict) for p in items):
         raise TypeError("`params` argument should be an iterable of Tensors or dicts")
     tensors: list[torch.Tensor] = []
+    groups: list[Any] = []
     for group in items:
         if "params" not in group:
             raise ValueError(
@@ -49,9 +50,16 @@ def verify_params(params: Any) -> tuple[list[Any], list[torch.Tensor]]:
         group_params = group["params"]
         if isinstance(group_params, torch.Tensor):
             tensors.append(group_params)
+        elif not isinstance(group_params, set):  # a set is left to Optimizer's TypeError
+            # Materialised in a copy: a generator (``model.parameters()``) would otherwise be
+            # exhausted here and reach ``Optimizer.__init__`` empty (torch has that bug).
+            group_params = list(group_params)
+            tensors.extend(group_params)
+            group = {**group, "params": group_params}
         else:
             tensors.extend(group_params)
-    return items, tensors
+        groups.append(group)
+    return groups, tensors
 
 
 def verify_same_dense_type(tensors: list[torch.Tensor]) -> None:

@@ -24,13 +24,21 @@ from torch.optim import Optimizer
 __all__ = ["ShardedOptimizer"]
 
 
+def _is_sharded_tensor(value: Any) -> bool:
+    """True for the (deprecated) ``ShardedTensor``, which is itself a ``torch.Tensor`` subclass."""
+    try:
+        from torch.distributed._shard.sharded_tensor import ShardedTensor
+    except ImportError:  # pragma: no cover - torch builds without distributed
+        return False
+    return isinstance(value, ShardedTensor)
+
+
 def _flatten_named(named_params: Mapping[str, Any]) -> list[tuple[str, torch.Tensor]]:
     """``(key, tensor)`` per tensor the optimizer steps, in the mapping's order."""
     flat: list[tuple[str, torch.Tensor]] = []
     for name, value in named_params.items():
-        local_shards = getattr(value, "local_shards", None)
-        if callable(local_shards) and not isinstance(value, torch.Tensor):
-            for i, shard in enumerate(local_shards()):
+        if _is_sharded_tensor(value):
+            for i, shard in enumerate(value.local_shards()):
                 flat.append((f"{name}.local_shards.{i}", shard.tensor))
         elif isinstance(value, torch.Tensor):
             flat.append((name, value))
