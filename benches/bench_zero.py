@@ -11,7 +11,8 @@ For a ~50M-parameter model (12 x Linear(2048, 2048), Adam) at world sizes 2 and 
   fresh processes for this, so neither inherits the other's heap.
 
 Prints one markdown table; ratio = ferrodist / torch (lower is better for every row).
-Run: ``./scripts/bench benches/bench_zero.py`` (``--quick`` for a small model).
+Run: ``./scripts/bench benches/bench_zero.py`` (``--quick`` for a small model,
+``--timing-only`` to skip the consolidation rows).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from torch.distributed.optim import ZeroRedundancyOptimizer as TorchZero
 from ferrodist.optim import ZeroRedundancyOptimizer as FerroZero
 
 QUICK = "--quick" in sys.argv
+TIMING_ONLY = "--timing-only" in sys.argv  # skip the consolidation rows (torch's take minutes)
 WIDTH, LAYERS = (512, 4) if QUICK else (2048, 12)
 TIMED_STEPS = 3 if QUICK else 7
 IMPLS = {"ferrodist": FerroZero, "torch": TorchZero}
@@ -74,8 +76,11 @@ def timing_worker(rank: int, world: int, tmp: str, out: Any) -> None:
             )
             setups[name].step()  # warm-up: creates the Adam state
         times: dict[str, list[float]] = {name: [] for name in IMPLS}
-        for _ in range(TIMED_STEPS):
-            for name, opt in setups.items():
+        for step in range(TIMED_STEPS):
+            # Alternate which implementation goes first after the barrier, so neither pays
+            # for (or profits from) the other's stragglers every time.
+            order = list(setups.items())
+            for name, opt in order if step % 2 == 0 else reversed(order):
                 dist.barrier()
                 start = time.perf_counter()
                 opt.step()
@@ -165,6 +170,8 @@ def main() -> None:
                     f_state / t_state,
                 )
             )
+        if TIMING_ONLY:
+            continue
         mem = {impl: run(memory_worker, world, tmp, impl) for impl in IMPLS}
         f, t = mem["ferrodist"], mem["torch"]
         rows.append(
