@@ -14,9 +14,10 @@ from torch.distributed.optim import PostLocalSGDOptimizer, as_functional_optim
 
 from ferrodist.algorithms._optimizer_overlap.optimizer_overlap import (
     OverlappedOptimizer,
-    _as_overlapped_optim,
-    _OverlappedStandardOptimizer,
     register_overlapped,
+)
+from ferrodist.algorithms._optimizer_overlap.optimizer_overlap import (
+    _as_overlapped_optim as _as_overlapped_optim,  # private, as in torch: kept out of __all__
 )
 from ferrodist.optim.sharded_optimizer import ShardedOptimizer
 from ferrodist.optim.zero_redundancy_optimizer import ZeroRedundancyOptimizer
@@ -35,6 +36,3 @@ if hasattr(torch._C, "_rpc_init"):
     from torch.distributed.optim import DistributedOptimizer
 
     __all__ += ["DistributedOptimizer"]
-
-# Private names torch users reach for (kept out of __all__ like torch does).
-_PRIVATE = (_as_overlapped_optim, _OverlappedStandardOptimizer)
