@@ -135,3 +135,19 @@ def test_param_groups_given_as_generators_are_not_exhausted() -> None:
     groups, tensors = verify_params([user_group])
     assert groups[0]["params"] == list(model.parameters()) == tensors
     assert groups[0]["lr"] == 0.3
+
+
+def test_overlap_bucket_assignment_errors_are_assertion_errors_as_in_torch() -> None:
+    from ferrodist.optim._overlap_state import _OverlapInfo, assign_buckets
+
+    info = _OverlapInfo(world_size=2)
+    info.shard_buckets = True
+    # One bucket cut into three slices cannot go to two distinct ranks (torch fails the same).
+    info.params_per_bucket = [[torch.zeros(60), torch.zeros(60), torch.zeros(60)]]
+    with pytest.raises(AssertionError, match="All indices are disallowed"):
+        assign_buckets(info, world_size=2, rank=0)
+    info.shard_buckets = False
+    info.params_per_bucket = [[torch.zeros(3)], [torch.zeros(4)], [torch.zeros(5)]]
+    per_rank = assign_buckets(info, world_size=2, rank=1)
+    assert [sorted(r) for r in per_rank] == [[0, 2], [1]]
+    assert info.offsets == {1: 0} and info.num_bucket_assignments == 3
