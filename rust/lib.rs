@@ -18,6 +18,7 @@
 //!   key layout, one deadline per call).
 //! * `python` (feature `python`): PyO3 wrappers only: convert arguments, release the GIL, call
 //!   the core, convert the result.
+//! * [`partition`]: ZeRO's sorted-greedy parameter partition across ranks.
 
 pub mod error;
 pub mod runtime;
@@ -27,6 +28,9 @@ pub mod tcp;
 // --- collectives ---
 pub mod bucket;
 pub mod collectives;
+
+// --- zero ---
+pub mod partition;
 
 #[cfg(feature = "python")]
 pub mod python;

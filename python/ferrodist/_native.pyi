@@ -65,6 +65,14 @@ def tcp_store(
 ) -> TCPStoreHandle: ...
 def store_server_main(argv: list[str]) -> None: ...
 
+# --- zero ---
+def sorted_greedy_partition(
+    group_sizes: list[list[int]], world_size: int
+) -> list[list[list[int]]]: ...
+def assign_ddp_buckets(
+    bucket_sizes: list[list[int]], world_size: int, shard_buckets: bool
+) -> list[tuple[int, int, int, int]]: ...
+
 # --- collectives ---
 def bucket_assignment_from_metadata(
     sizes: bytes | list[int],

@@ -15,6 +15,9 @@ mod tcp_store;
 mod bucket;
 mod collectives;
 
+// --- zero ---
+mod partition;
+
 use pyo3::prelude::*;
 
 /// The native half of the `ferrodist` package; the public API is the Python package itself.
@@ -27,6 +30,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     store_factories::register(m)?;
     // --- tcp store ---
     tcp_store::register(m)?;
+    // --- zero ---
+    m.add_function(wrap_pyfunction!(partition::sorted_greedy_partition, m)?)?;
+    m.add_function(wrap_pyfunction!(partition::assign_ddp_buckets, m)?)?;
     // --- collectives ---
     bucket::register(m)?;
     collectives::register(m)?;
