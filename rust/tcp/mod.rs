@@ -21,7 +21,7 @@
 //!
 //! # Files
 //!
-//! `codec.rs` wire format; `state.rs` shared state; `handler.rs` one connection;
+//! `codec/` wire format (`request.rs`, `reply.rs`, shared primitives in `mod.rs`); `state.rs` shared state; `handler.rs` one connection;
 //! `outbox.rs` replies not yet written; `server.rs` listener; `shutdown.rs` stop + drain; `client.rs` async client; `store.rs`
 //! blocking Store facade.
 
