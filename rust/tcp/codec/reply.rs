@@ -27,7 +27,7 @@ pub enum ReplyKind {
 /// One reply, as a server sends it and a client reads it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Reply {
-    /// A status byte ([`STOP_WAITING`], [`WAIT_CANCELED`], [`READY`], [`NOT_READY`]).
+    /// A status byte ([`super::STOP_WAITING`], [`super::WAIT_CANCELED`], [`super::READY`], [`super::NOT_READY`]).
     Byte(u8),
     /// PING's echo.
     Nonce(u32),

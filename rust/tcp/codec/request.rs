@@ -11,7 +11,7 @@ use super::{put_field, put_keys, Cursor, FrameError, Limits, Opcode, ReplyKind, 
 pub enum Request {
     /// Handshake.
     Validate {
-        /// Must be [`VALIDATE_MAGIC`].
+        /// Must be [`super::VALIDATE_MAGIC`].
         magic: u32,
     },
     /// Store a value.
