@@ -39,8 +39,6 @@ const READ_CHUNK: usize = 16 * 1024;
 const MIN_READ: usize = 256;
 /// Replies are written once this much is queued, even if more requests are buffered.
 const FLUSH_AT_BYTES: usize = 64 * 1024;
-/// An idle connection keeps at most this much read buffer (thousands of ranks sit idle).
-const IDLE_CAPACITY: usize = 4 * 1024;
 
 /// Why a connection ended.
 #[derive(Debug, thiserror::Error)]
@@ -108,7 +106,8 @@ impl Handler {
                 // More requests may be buffered behind the ones just answered.
                 continue;
             }
-            if self.input.is_empty() && self.input.capacity() > IDLE_CAPACITY {
+            if self.input.is_empty() && self.input.capacity() > 0 {
+                // Thousands of ranks sit idle or waiting between requests: hold no buffer then.
                 self.input = BytesMut::new();
             }
             let need = match scan_request(&self.input, &self.limits)? {
