@@ -15,10 +15,9 @@ from typing import Any
 
 import pytest
 import torch.distributed as tdist
+from tcp_support import exercise, ferrodist_store, torch_servers
 
 import ferrodist
-
-from .tcp_support import exercise, ferrodist_store, torch_servers
 
 pytestmark = pytest.mark.timeout(120)
 

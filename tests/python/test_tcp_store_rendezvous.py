@@ -11,10 +11,9 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from tcp_support import ferrodist_store
 
 import ferrodist
-
-from .tcp_support import ferrodist_store
 
 pytestmark = [pytest.mark.timeout(150), pytest.mark.slow]
 

@@ -16,11 +16,10 @@ from typing import Any, Callable
 
 import pytest
 import torch.distributed as tdist
+from tcp_support import StoreServer, ferrodist_store_command
 
 import ferrodist
 from ferrodist import _cli
-
-from .tcp_support import StoreServer, ferrodist_store_command
 
 pytestmark = pytest.mark.timeout(90)
 
