@@ -18,7 +18,6 @@ use std::collections::VecDeque;
 use std::net::SocketAddr;
 
 use bytes::BytesMut;
-use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 
 use super::codec::{
@@ -87,18 +86,14 @@ impl Handler {
 
     /// Serves the connection until the peer leaves, breaks the protocol, or shutdown.
     pub async fn run(mut self, mut shutdown: Shutdown) {
-        let outcome = tokio::select! {
-            outcome = self.serve() => outcome,
-            _ = shutdown.recv() => Ok(()),
-        };
-        match outcome {
+        match self.serve(&mut shutdown).await {
             Ok(()) => tracing::debug!(peer = %self.peer, "connection closed"),
             Err(Closed::Io(err)) => tracing::debug!(peer = %self.peer, %err, "connection lost"),
             Err(err) => tracing::warn!(peer = %self.peer, %err, "closing connection"),
         }
     }
 
-    async fn serve(&mut self) -> Result<(), Closed> {
+    async fn serve(&mut self, shutdown: &mut Shutdown) -> Result<(), Closed> {
         loop {
             self.process_buffered()?;
             if !self.output.is_empty() {
@@ -114,21 +109,26 @@ impl Handler {
                 Scan::Incomplete(need) => need,
                 Scan::Complete(_) => self.input.len() + 1,
             };
-            self.input.reserve(
-                need.saturating_sub(self.input.len())
-                    .clamp(MIN_READ, READ_CHUNK),
-            );
             let waiting = self.waiting.as_mut();
             tokio::select! {
-                read = self.stream.read_buf(&mut self.input) => {
-                    if read? == 0 {
-                        return Ok(());
+                ready = self.stream.readable() => {
+                    ready?;
+                    // The buffer is allocated only once bytes are there to fill it.
+                    self.input.reserve(
+                        need.saturating_sub(self.input.len()).clamp(MIN_READ, READ_CHUNK),
+                    );
+                    match self.stream.try_read_buf(&mut self.input) {
+                        Ok(0) => return Ok(()),
+                        Ok(_) => {}
+                        Err(err) if err.kind() == std::io::ErrorKind::WouldBlock => {}
+                        Err(err) => return Err(err.into()),
                     }
                 }
                 _ = async { waiting.expect("guarded").released().await }, if waiting.is_some() => {
                     self.waiting = None;
                     self.output.put_u8(STOP_WAITING);
                 }
+                _ = shutdown.recv() => return Ok(()),
             }
         }
     }
