@@ -18,7 +18,6 @@ use std::collections::VecDeque;
 use std::net::SocketAddr;
 
 use bytes::BytesMut;
-use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 
 use super::codec::{
@@ -39,8 +38,6 @@ const READ_CHUNK: usize = 16 * 1024;
 const MIN_READ: usize = 256;
 /// Replies are written once this much is queued, even if more requests are buffered.
 const FLUSH_AT_BYTES: usize = 64 * 1024;
-/// An idle connection keeps at most this much read buffer (thousands of ranks sit idle).
-const IDLE_CAPACITY: usize = 4 * 1024;
 
 /// Why a connection ended.
 #[derive(Debug, thiserror::Error)]
@@ -89,18 +86,14 @@ impl Handler {
 
     /// Serves the connection until the peer leaves, breaks the protocol, or shutdown.
     pub async fn run(mut self, mut shutdown: Shutdown) {
-        let outcome = tokio::select! {
-            outcome = self.serve() => outcome,
-            _ = shutdown.recv() => Ok(()),
-        };
-        match outcome {
+        match self.serve(&mut shutdown).await {
             Ok(()) => tracing::debug!(peer = %self.peer, "connection closed"),
             Err(Closed::Io(err)) => tracing::debug!(peer = %self.peer, %err, "connection lost"),
             Err(err) => tracing::warn!(peer = %self.peer, %err, "closing connection"),
         }
     }
 
-    async fn serve(&mut self) -> Result<(), Closed> {
+    async fn serve(&mut self, shutdown: &mut Shutdown) -> Result<(), Closed> {
         loop {
             self.process_buffered()?;
             if !self.output.is_empty() {
@@ -108,28 +101,34 @@ impl Handler {
                 // More requests may be buffered behind the ones just answered.
                 continue;
             }
-            if self.input.is_empty() && self.input.capacity() > IDLE_CAPACITY {
+            if self.input.is_empty() && self.input.capacity() > 0 {
+                // Thousands of ranks sit idle or waiting between requests: hold no buffer then.
                 self.input = BytesMut::new();
             }
             let need = match scan_request(&self.input, &self.limits)? {
                 Scan::Incomplete(need) => need,
                 Scan::Complete(_) => self.input.len() + 1,
             };
-            self.input.reserve(
-                need.saturating_sub(self.input.len())
-                    .clamp(MIN_READ, READ_CHUNK),
-            );
             let waiting = self.waiting.as_mut();
             tokio::select! {
-                read = self.stream.read_buf(&mut self.input) => {
-                    if read? == 0 {
-                        return Ok(());
+                ready = self.stream.readable() => {
+                    ready?;
+                    // The buffer is allocated only once bytes are there to fill it.
+                    self.input.reserve(
+                        need.saturating_sub(self.input.len()).clamp(MIN_READ, READ_CHUNK),
+                    );
+                    match self.stream.try_read_buf(&mut self.input) {
+                        Ok(0) => return Ok(()),
+                        Ok(_) => {}
+                        Err(err) if err.kind() == std::io::ErrorKind::WouldBlock => {}
+                        Err(err) => return Err(err.into()),
                     }
                 }
                 _ = async { waiting.expect("guarded").released().await }, if waiting.is_some() => {
                     self.waiting = None;
                     self.output.put_u8(STOP_WAITING);
                 }
+                _ = shutdown.recv() => return Ok(()),
             }
         }
     }

@@ -124,3 +124,24 @@ def test_a_killed_server_fails_every_call_fast_with_dist_network_error() -> None
         with pytest.raises(tdist.DistNetworkError):
             call()
         assert time.monotonic() - started < 10, f"{name} was slow to fail"
+
+
+def test_a_hung_server_fails_calls_at_the_store_timeout_instead_of_hanging() -> None:
+    # torch's client has no receive timeout: a stopped server hangs its set/add/get forever.
+    server = StoreServer(command=ferrodist_store_command())
+    try:
+        store = ferrodist.TCPStore("127.0.0.1", server.port, timeout=timedelta(seconds=1))
+        store.set("k", "v")
+        server.proc.send_signal(signal.SIGSTOP)
+        stat = Path(f"/proc/{server.proc.pid}/stat")
+        while stat.read_text().split(")")[1].split()[0] != "T":
+            time.sleep(0.01)
+        started = time.monotonic()
+        with pytest.raises(tdist.DistNetworkError, match="no reply"):
+            store.add("n", 1)
+        assert 0.9 < time.monotonic() - started < 5
+        server.proc.send_signal(signal.SIGCONT)
+        assert store.get("k") == b"v", "the next call reconnects"
+    finally:
+        server.proc.send_signal(signal.SIGCONT)
+        server.stop()
