@@ -64,6 +64,8 @@ pub struct Server {
     db: Db,
     trigger: Trigger,
     drain: Option<Drain>,
+    /// The process that started the server: a forked child has none of its tasks to wait for.
+    owner_pid: u32,
 }
 
 /// The addresses to try binding for `host`, most preferred first.
@@ -170,6 +172,7 @@ impl Server {
             db,
             trigger,
             drain: Some(drain),
+            owner_pid: std::process::id(),
         })
     }
 
@@ -192,11 +195,25 @@ impl Server {
     }
 }
 
+/// How long dropping a server outside the runtime waits for its listener and connections.
+const DROP_GRACE: Duration = Duration::from_secs(2);
+
 impl Drop for Server {
     fn drop(&mut self) {
-        // Tasks notice the signal on their own; nothing here may block (Drop can run on a
-        // runtime thread).
         self.trigger.fire();
+        // On a runtime thread nothing may block: the tasks notice the signal on their own.
+        // Elsewhere (a Python thread dropping its store) wait, bounded, until the listener is
+        // closed, so the port can be bound again as soon as the drop returns (a second
+        // `init_process_group` on the same tcp:// address must not race the old server).
+        let owned_here = self.owner_pid == std::process::id();
+        if owned_here && tokio::runtime::Handle::try_current().is_err() {
+            if let Some(drain) = self.drain.take() {
+                let runtime = crate::runtime::runtime();
+                runtime.block_on(async {
+                    let _ = tokio::time::timeout(DROP_GRACE, drain.wait()).await;
+                });
+            }
+        }
     }
 }
 
