@@ -10,12 +10,16 @@
 //! * [`runtime`]: the one tokio runtime of the process, built lazily and rebuilt after `fork`.
 //! * [`store`]: the [`store::Store`] trait (torch's Store API with deadlines) and the in-process
 //!   stores: [`store::HashStore`], `FileStore` (torch's on-disk format), `PrefixStore`.
+//! * [`tcp`]: torch's TCPStore wire protocol (codec), the tokio server behind `ferrodist-store`
+//!   and the in-process master, and the client.
 //! * `python` (feature `python`): PyO3 wrappers only: convert arguments, release the GIL, call
 //!   the core, convert the result.
 
 pub mod error;
 pub mod runtime;
 pub mod store;
+// --- tcp store ---
+pub mod tcp;
 
 #[cfg(feature = "python")]
 pub mod python;

@@ -1,0 +1,44 @@
+//! torch's TCPStore, both ends: a tokio server and a client that speak torch's wire protocol.
+//!
+//! A stock `torch.distributed.TCPStore` client works against [`Server`], and [`Client`] works
+//! against torch's libuv and legacy servers (torch >= 2.4). Facts about the protocol:
+//! `shared/design/torch-store-protocol.md`.
+//!
+//! # Public API (stable; other modules and the load generator build on it)
+//!
+//! * [`codec`]: the wire format, no I/O. [`Request`] / [`Reply`] with `encode`,
+//!   [`decode_request`] / [`decode_reply`] (partial input is `Ok(None)`), [`scan_request`]
+//!   (frame length without copying), [`Limits`] and [`FrameError`].
+//! * [`server`]: [`ServerConfig`], [`Server::start`] / [`Server::serve`] (on the shared runtime),
+//!   [`server::bind`] / [`server::adopt`], [`Server::local_addr`], [`Server::shutdown`],
+//!   [`server::accept_loop`] for a caller that runs its own loop.
+//! * [`state`]: [`Db`], the server's shared map, queues and waiter registry.
+//! * [`client`]: the async [`Client`] (connect with retry and backoff, handshake, every op,
+//!   wait with CANCEL_WAIT); raw wire keys, no `/` prefix.
+//! * [`store`]: [`TcpStore`], the blocking torch-compatible [`crate::store::Store`] over a
+//!   client (user keys get torch's `/` prefix), hosting a server when it is the master.
+//! * [`shutdown`]: the stop signal and drain used by the server.
+//!
+//! # Files
+//!
+//! `codec.rs` wire format; `state.rs` shared state; `handler.rs` one connection;
+//! `server.rs` listener; `shutdown.rs` stop + drain; `client.rs` async client; `store.rs`
+//! blocking Store facade.
+
+pub mod cli;
+pub mod client;
+pub mod codec;
+pub mod handler;
+pub mod server;
+pub mod shutdown;
+pub mod state;
+pub mod store;
+
+pub use client::Client;
+pub use codec::{
+    decode_reply, decode_request, scan_request, FrameError, Limits, Opcode, Reply, ReplyKind,
+    Request, Scan,
+};
+pub use server::{Server, ServerConfig};
+pub use state::Db;
+pub use store::{TcpStore, TcpStoreOptions};

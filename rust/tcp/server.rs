@@ -1,0 +1,247 @@
+//! The TCPStore server: bind, accept, one [`Handler`] task per connection, graceful shutdown.
+//!
+//! What it does better than torch's servers, at no cost to stock clients:
+//!
+//! * **The bind address is honoured.** An IP literal binds that address only (`127.0.0.1` keeps
+//!   the store off the network); an empty host, `0.0.0.0`, `::` or a host *name* binds every
+//!   interface, as torch always does (a name may resolve to loopback locally and to a routable
+//!   address on the workers, so binding what it resolves to here would lock them out).
+//! * **No reverse DNS.** Peers are logged by IP address; nothing ever resolves them.
+//! * **A listen backlog sized for storms**: [`DEFAULT_BACKLOG`] (the kernel caps it at
+//!   `net.core.somaxconn`, which the server warns about when it is below the expected world).
+//! * `TCP_NODELAY` on every accepted socket; bounded memory per connection (see [`Limits`]).
+//!
+//! Everything runs on the process's one tokio runtime ([`crate::runtime`]); [`Server::start`]
+//! returns at once with a handle whose drop (or [`Server::shutdown`]) stops the server and waits
+//! for its connections to finish.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::time::Duration;
+
+use socket2::{Domain, Protocol, Socket, Type};
+use tokio::net::TcpListener;
+
+use super::codec::Limits;
+use super::handler::Handler;
+use super::shutdown::{self, Drain, Shutdown, Trigger};
+use super::state::Db;
+use crate::error::{Error, Result};
+
+/// Listen backlog asked for; the kernel lowers it to `net.core.somaxconn`.
+pub const DEFAULT_BACKLOG: i32 = 65_535;
+
+/// How a server listens and what it accepts.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// Address to bind: an IP literal binds only it; empty, `0.0.0.0`, `::` or a host name
+    /// binds every interface.
+    pub host: String,
+    /// Port; 0 picks a free one (see [`Server::local_addr`]).
+    pub port: u16,
+    /// Listen backlog.
+    pub backlog: i32,
+    /// Per-request limits; a request over them closes its connection only.
+    pub limits: Limits,
+    /// Ranks expected, used only to warn when the kernel's backlog cap is below it.
+    pub expected_clients: Option<u64>,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            host: String::new(),
+            port: 0,
+            backlog: DEFAULT_BACKLOG,
+            limits: Limits::default(),
+            expected_clients: None,
+        }
+    }
+}
+
+/// A running server. Dropping it shuts it down.
+pub struct Server {
+    local_addr: SocketAddr,
+    db: Db,
+    trigger: Trigger,
+    drain: Option<Drain>,
+}
+
+/// The addresses to try binding for `host`, most preferred first.
+fn bind_addresses(host: &str, port: u16) -> Vec<SocketAddr> {
+    let trimmed = host.trim_start_matches('[').trim_end_matches(']');
+    match trimmed.parse::<IpAddr>() {
+        Ok(ip) if !ip.is_unspecified() => vec![SocketAddr::new(ip, port)],
+        Ok(IpAddr::V4(_)) => vec![SocketAddr::new(Ipv4Addr::UNSPECIFIED.into(), port)],
+        _ => vec![
+            SocketAddr::new(Ipv6Addr::UNSPECIFIED.into(), port),
+            SocketAddr::new(Ipv4Addr::UNSPECIFIED.into(), port),
+        ],
+    }
+}
+
+/// Makes a listening socket on `addr` (dual-stack for `::`).
+fn listen_on(addr: SocketAddr, backlog: i32) -> std::io::Result<Socket> {
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+    socket.set_reuse_address(true)?;
+    if addr.is_ipv6() && addr.ip().is_unspecified() {
+        socket.set_only_v6(false)?;
+    }
+    socket.bind(&addr.into())?;
+    socket.listen(backlog)?;
+    Ok(socket)
+}
+
+/// Binds a listener for `config` (blocking; cheap).
+pub fn bind(config: &ServerConfig) -> Result<std::net::TcpListener> {
+    let mut last = None;
+    for addr in bind_addresses(&config.host, config.port) {
+        match listen_on(addr, config.backlog) {
+            Ok(socket) => return Ok(socket.into()),
+            Err(err) => last = Some((addr, err)),
+        }
+    }
+    let (addr, err) = last.expect("at least one address is tried");
+    Err(Error::Network(format!(
+        "The server socket has failed to listen on {addr} (host {:?}, port {}): {err}",
+        config.host, config.port
+    )))
+}
+
+/// Takes over a socket the caller already bound (torch's `master_listen_fd`) and listens on it.
+/// The descriptor is duplicated, so the caller keeps ownership of its own.
+#[cfg(unix)]
+pub fn adopt(fd: std::os::fd::RawFd, port: u16, backlog: i32) -> Result<std::net::TcpListener> {
+    use std::os::fd::BorrowedFd;
+    // SAFETY: the caller promises `fd` is an open socket for the duration of this call; we only
+    // borrow it to duplicate it.
+    let borrowed = unsafe { BorrowedFd::borrow_raw(fd) };
+    let socket = Socket::from(borrowed.try_clone_to_owned()?);
+    let bound = socket
+        .local_addr()?
+        .as_socket()
+        .ok_or_else(|| Error::InvalidArgument("master_listen_fd is not a TCP socket".into()))?;
+    if port != 0 && bound.port() != port {
+        return Err(Error::InvalidArgument(format!(
+            "master_listen_fd is bound to port {} but port {port} was requested",
+            bound.port()
+        )));
+    }
+    socket.listen(backlog)?;
+    Ok(socket.into())
+}
+
+fn warn_if_backlog_too_small(expected: Option<u64>) {
+    let Some(expected) = expected else { return };
+    let cap = std::fs::read_to_string("/proc/sys/net/core/somaxconn")
+        .ok()
+        .and_then(|s| s.trim().parse::<u64>().ok());
+    if let Some(cap) = cap.filter(|&cap| cap < expected) {
+        tracing::warn!(
+            somaxconn = cap,
+            expected,
+            "net.core.somaxconn is below the number of clients; connects may be retried"
+        );
+    }
+}
+
+impl Server {
+    /// Binds per `config` and starts serving on the shared runtime.
+    pub fn start(config: &ServerConfig) -> Result<Server> {
+        let listener = bind(config)?;
+        Server::serve(listener, config)
+    }
+
+    /// Starts serving on an already listening socket (from [`bind`] or [`adopt`]).
+    pub fn serve(listener: std::net::TcpListener, config: &ServerConfig) -> Result<Server> {
+        warn_if_backlog_too_small(config.expected_clients);
+        listener.set_nonblocking(true)?;
+        let local_addr = listener.local_addr()?;
+        let db = Db::new();
+        let (trigger, shutdown, drain) = shutdown::channel();
+        let runtime = crate::runtime::runtime();
+        let listener = {
+            let _entered = runtime.enter();
+            TcpListener::from_std(listener)?
+        };
+        runtime.spawn(accept_loop(listener, db.clone(), config.limits, shutdown));
+        tracing::info!(%local_addr, "store server listening");
+        Ok(Server {
+            local_addr,
+            db,
+            trigger,
+            drain: Some(drain),
+        })
+    }
+
+    /// The address the server listens on (with the port picked when 0 was asked).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// The server's state, for code running in the same process.
+    pub fn db(&self) -> &Db {
+        &self.db
+    }
+
+    /// Stops accepting, closes every connection and waits up to `grace` for their tasks.
+    pub async fn shutdown(mut self, grace: Duration) {
+        self.trigger.fire();
+        if let Some(drain) = self.drain.take() {
+            let _ = tokio::time::timeout(grace, drain.wait()).await;
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        // Tasks notice the signal on their own; nothing here may block (Drop can run on a
+        // runtime thread).
+        self.trigger.fire();
+    }
+}
+
+/// Accepts connections until shutdown; each gets its own task.
+pub async fn accept_loop(listener: TcpListener, db: Db, limits: Limits, mut shutdown: Shutdown) {
+    loop {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            _ = shutdown.recv() => return,
+        };
+        match accepted {
+            Ok((stream, peer)) => {
+                if let Err(err) = stream.set_nodelay(true) {
+                    tracing::debug!(%peer, %err, "TCP_NODELAY failed");
+                }
+                let handler = Handler::new(stream, peer, db.clone(), limits);
+                tokio::spawn(handler.run(shutdown.clone()));
+            }
+            Err(err) => {
+                // Out of descriptors or a connection reset before accept: back off briefly
+                // rather than spin, and keep serving the connections we have.
+                tracing::warn!(%err, "accept failed");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_ip_literal_binds_only_itself_and_a_name_binds_everything() {
+        assert_eq!(
+            bind_addresses("127.0.0.1", 5),
+            vec!["127.0.0.1:5".parse().unwrap()]
+        );
+        assert_eq!(bind_addresses("[::1]", 5), vec!["[::1]:5".parse().unwrap()]);
+        assert_eq!(
+            bind_addresses("0.0.0.0", 5),
+            vec!["0.0.0.0:5".parse().unwrap()]
+        );
+        let everything = bind_addresses("some-host", 5);
+        assert!(everything.iter().all(|a| a.ip().is_unspecified()));
+        assert_eq!(everything.len(), 2);
+    }
+}

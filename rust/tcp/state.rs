@@ -1,0 +1,427 @@
+//! The server's shared state: the key-value map, the queues and the registry of waiters.
+//!
+//! One `std::sync::Mutex` guards it all. Every operation under the lock is a few map lookups
+//! and never awaits, so a blocking mutex is cheaper than an async one and cannot be held across
+//! an `.await` by mistake (mini-redis makes the same argument for its `Db`).
+//!
+//! A wait that cannot be answered at once becomes a [`Waiter`]: a one-shot channel the
+//! connection handler awaits, registered under each missing key. Waking a key releases every
+//! waiter whose last missing key it was, and removes the key's list. A waiter that is woken,
+//! cancelled (CANCEL_WAIT) or dropped (the connection closed) leaves no trace in the registry,
+//! so unlike torch's libuv server a stale registration can never wake an unrelated later wait.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use bytes::Bytes;
+use tokio::sync::oneshot;
+
+use super::codec::SERVER_MARKER_KEY;
+use crate::error::Result;
+use crate::store::parse_counter;
+
+/// A registered wait: how many distinct keys it still needs, and how to release it.
+struct Pending {
+    keys: Vec<Bytes>,
+    missing: usize,
+    release: oneshot::Sender<()>,
+}
+
+#[derive(Default)]
+struct State {
+    values: HashMap<Bytes, Bytes>,
+    queues: HashMap<Bytes, VecDeque<Bytes>>,
+    /// key -> ids of the waits still missing it, oldest first.
+    waiting_on: HashMap<Bytes, Vec<u64>>,
+    pending: HashMap<u64, Pending>,
+    next_id: u64,
+}
+
+impl State {
+    fn present(&self, key: &[u8]) -> bool {
+        self.values.contains_key(key)
+            || self.queues.get(key).is_some_and(|q| !q.is_empty())
+            || key == SERVER_MARKER_KEY
+    }
+
+    /// Releases every waiter whose last missing key is `key` (all waiters on it are satisfied).
+    fn wake(&mut self, key: &[u8]) {
+        let Some(ids) = self.waiting_on.remove(key) else {
+            return;
+        };
+        for id in ids {
+            self.satisfy(id);
+        }
+    }
+
+    /// Releases waiters on `key` in arrival order until one is fully released (a queue push
+    /// makes one element, for one consumer).
+    fn wake_one(&mut self, key: &[u8]) {
+        let Some(ids) = self.waiting_on.get_mut(key) else {
+            return;
+        };
+        let mut taken = Vec::new();
+        let mut released = false;
+        while !released && !ids.is_empty() {
+            let id = ids.remove(0);
+            released = self.pending.get(&id).is_some_and(|p| p.missing == 1);
+            taken.push(id);
+        }
+        if ids.is_empty() {
+            self.waiting_on.remove(key);
+        }
+        for id in taken {
+            self.satisfy(id);
+        }
+    }
+
+    fn satisfy(&mut self, id: u64) {
+        let done = match self.pending.get_mut(&id) {
+            Some(p) => {
+                p.missing -= 1;
+                p.missing == 0
+            }
+            None => false,
+        };
+        if done {
+            if let Some(p) = self.pending.remove(&id) {
+                // The handler may have gone away; its registrations are gone too, nothing to do.
+                let _ = p.release.send(());
+                self.forget_keys(id, &p.keys);
+            }
+        }
+    }
+
+    fn forget_keys(&mut self, id: u64, keys: &[Bytes]) {
+        for key in keys {
+            if let Some(ids) = self.waiting_on.get_mut(key) {
+                ids.retain(|&other| other != id);
+                if ids.is_empty() {
+                    self.waiting_on.remove(key);
+                }
+            }
+        }
+    }
+
+    fn register(&mut self, missing: Vec<Bytes>, db: &Db) -> Waiter {
+        let (release, released) = oneshot::channel();
+        let id = self.next_id;
+        self.next_id += 1;
+        for key in &missing {
+            self.waiting_on.entry(key.clone()).or_default().push(id);
+        }
+        self.pending.insert(
+            id,
+            Pending {
+                missing: missing.len(),
+                keys: missing,
+                release,
+            },
+        );
+        Waiter {
+            id,
+            released,
+            db: db.clone(),
+        }
+    }
+}
+
+/// A pending wait. Await [`Waiter::released`]; dropping it cancels the registration.
+pub struct Waiter {
+    id: u64,
+    released: oneshot::Receiver<()>,
+    db: Db,
+}
+
+impl Waiter {
+    /// Resolves once every key the wait needed is present.
+    pub async fn released(&mut self) {
+        // The sender lives in the registry until it fires or this waiter is dropped, so an
+        // error here cannot happen while `self` exists; treat it as released anyway.
+        let _ = (&mut self.released).await;
+    }
+}
+
+impl Drop for Waiter {
+    fn drop(&mut self) {
+        let mut state = self.db.lock();
+        if let Some(p) = state.pending.remove(&self.id) {
+            state.forget_keys(self.id, &p.keys);
+        }
+    }
+}
+
+/// The shared state of one server; cheap to clone (clones share it).
+#[derive(Clone, Default)]
+pub struct Db {
+    state: Arc<Mutex<State>>,
+}
+
+impl Db {
+    /// An empty store.
+    pub fn new() -> Db {
+        Db::default()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // Every update is a single map operation: a panic cannot leave it half-done.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// SET: stores and wakes waiters on the key.
+    pub fn set(&self, key: Bytes, value: Bytes) {
+        let mut state = self.lock();
+        state.wake(&key);
+        state.values.insert(key, value);
+    }
+
+    /// COMPARE_SET with torch's four cases. Wakes waiters only when the key was written (torch's
+    /// libuv server wakes them in every case, which makes a stock client's GET return empty).
+    pub fn compare_set(&self, key: Bytes, expected: Bytes, desired: Bytes) -> Bytes {
+        let mut state = self.lock();
+        let write = match state.values.get(&key) {
+            None => expected.is_empty(),
+            Some(current) => *current == expected,
+        };
+        if write {
+            state.wake(&key);
+            state.values.insert(key, desired.clone());
+            return desired;
+        }
+        state.values.get(&key).cloned().unwrap_or(expected)
+    }
+
+    /// GET: the value, empty when missing (torch's libuv behaviour).
+    pub fn get(&self, key: &[u8]) -> Bytes {
+        self.lock().values.get(key).cloned().unwrap_or_default()
+    }
+
+    /// ADD: a missing key counts as 0; a value that is not an integer is an error and nothing
+    /// changes. The sum wraps on overflow, as torch's does.
+    pub fn add(&self, key: Bytes, delta: i64) -> Result<i64> {
+        let mut state = self.lock();
+        let current = match state.values.get(&key) {
+            None => 0,
+            Some(v) => parse_counter(&String::from_utf8_lossy(&key), v)?,
+        };
+        let next = current.wrapping_add(delta);
+        state.wake(&key);
+        state.values.insert(key, Bytes::from(next.to_string()));
+        Ok(next)
+    }
+
+    /// CHECK: every key has a value or names a non-empty queue.
+    pub fn check(&self, keys: &[Bytes]) -> bool {
+        let state = self.lock();
+        keys.iter().all(|k| state.present(k))
+    }
+
+    /// WAIT: `None` when every key is present now, else a registered [`Waiter`].
+    pub fn wait(&self, keys: &[Bytes]) -> Option<Waiter> {
+        let mut state = self.lock();
+        let mut seen = HashSet::new();
+        let missing: Vec<Bytes> = keys
+            .iter()
+            .filter(|k| !state.present(k) && seen.insert((*k).clone()))
+            .cloned()
+            .collect();
+        (!missing.is_empty()).then(|| state.register(missing, self))
+    }
+
+    /// GETNUMKEYS: size of the key-value map (queues excluded, internal keys included).
+    pub fn num_keys(&self) -> i64 {
+        self.lock().values.len() as i64
+    }
+
+    /// DELETE_KEY: 1 if removed, else 0. Wakes nobody.
+    pub fn delete_key(&self, key: &[u8]) -> i64 {
+        i64::from(self.lock().values.remove(key).is_some())
+    }
+
+    /// APPEND: creates or extends the value, and wakes waiters.
+    pub fn append(&self, key: Bytes, data: &[u8]) {
+        let mut state = self.lock();
+        state.wake(&key);
+        let value = state.values.entry(key).or_default();
+        let mut joined = Vec::with_capacity(value.len() + data.len());
+        joined.extend_from_slice(value);
+        joined.extend_from_slice(data);
+        *value = Bytes::from(joined);
+    }
+
+    /// MULTI_GET: one value per key, empty for a missing one.
+    pub fn multi_get(&self, keys: &[Bytes]) -> Vec<Bytes> {
+        let state = self.lock();
+        keys.iter()
+            .map(|k| state.values.get(k).cloned().unwrap_or_default())
+            .collect()
+    }
+
+    /// MULTI_SET: sets in order, waking each key's waiters.
+    pub fn multi_set(&self, pairs: Vec<(Bytes, Bytes)>) {
+        let mut state = self.lock();
+        for (key, value) in pairs {
+            state.wake(&key);
+            state.values.insert(key, value);
+        }
+    }
+
+    /// QUEUE_PUSH: appends and releases one waiter on the queue.
+    pub fn queue_push(&self, key: Bytes, value: Bytes) {
+        let mut state = self.lock();
+        state
+            .queues
+            .entry(key.clone())
+            .or_default()
+            .push_back(value);
+        state.wake_one(&key);
+    }
+
+    /// QUEUE_POP: the length before the pop, and the front element when there was one.
+    pub fn queue_pop(&self, key: &[u8]) -> (i64, Option<Bytes>) {
+        let mut state = self.lock();
+        match state.queues.get_mut(key) {
+            Some(queue) if !queue.is_empty() => {
+                let len = queue.len() as i64;
+                let front = queue.pop_front();
+                if queue.is_empty() {
+                    state.queues.remove(key);
+                }
+                (len, front)
+            }
+            _ => (0, None),
+        }
+    }
+
+    /// QUEUE_LEN: 0 for a queue that does not exist.
+    pub fn queue_len(&self, key: &[u8]) -> i64 {
+        self.lock().queues.get(key).map_or(0, |q| q.len() as i64)
+    }
+
+    /// LIST_KEYS: every key of the map, internal ones included.
+    pub fn list_keys(&self) -> Vec<Bytes> {
+        self.lock().values.keys().cloned().collect()
+    }
+
+    /// BARRIER: counts an arrival; `None` when this arrival releases the barrier (every earlier
+    /// arrival is woken), else a [`Waiter`] released by the last one.
+    pub fn barrier(&self, key: Bytes, world_size: i64) -> Result<Option<Waiter>> {
+        let mut state = self.lock();
+        let current = match state.values.get(&key) {
+            None => 0,
+            Some(v) => parse_counter(&String::from_utf8_lossy(&key), v)?,
+        };
+        let arrived = current.wrapping_add(1);
+        state
+            .values
+            .insert(key.clone(), Bytes::from(arrived.to_string()));
+        if arrived >= world_size {
+            state.wake(&key);
+            return Ok(None);
+        }
+        Ok(Some(state.register(vec![key], self)))
+    }
+
+    /// The integer under `key` once it reaches `target`, or a [`Waiter`] released by the next
+    /// change of `key`. Lets the process hosting the server count workers without polling.
+    pub fn counter_at_least(&self, key: &Bytes, target: i64) -> std::result::Result<i64, Waiter> {
+        let mut state = self.lock();
+        let now = state
+            .values
+            .get(key)
+            .and_then(|v| parse_counter("", v).ok())
+            .unwrap_or(0);
+        if now >= target {
+            return Ok(now);
+        }
+        Err(state.register(vec![key.clone()], self))
+    }
+
+    /// Number of registered waits (for tests and metrics).
+    pub fn pending_waits(&self) -> usize {
+        self.lock().pending.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn b(s: &str) -> Bytes {
+        Bytes::copy_from_slice(s.as_bytes())
+    }
+
+    #[tokio::test]
+    async fn a_wait_on_two_keys_is_released_by_the_second_set_only() {
+        let db = Db::new();
+        let mut waiter = db.wait(&[b("a"), b("b"), b("a")]).expect("pending");
+        db.set(b("a"), b("1"));
+        assert!(futures_poll(&mut waiter).is_none());
+        db.set(b("b"), b("2"));
+        waiter.released().await;
+        assert_eq!(db.pending_waits(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_dropped_waiter_leaves_no_registration() {
+        let db = Db::new();
+        let waiter = db.wait(&[b("x")]).expect("pending");
+        drop(waiter);
+        assert_eq!(db.pending_waits(), 0);
+        db.set(b("x"), b("1"));
+        assert!(db.wait(&[b("x")]).is_none());
+    }
+
+    #[tokio::test]
+    async fn one_push_releases_one_queue_waiter() {
+        let db = Db::new();
+        let mut first = db.wait(&[b("q")]).expect("pending");
+        let mut second = db.wait(&[b("q")]).expect("pending");
+        db.queue_push(b("q"), b("e"));
+        first.released().await;
+        assert!(futures_poll(&mut second).is_none());
+        assert_eq!(db.queue_pop(b"q"), (1, Some(b("e"))));
+        db.queue_push(b("q"), b("f"));
+        second.released().await;
+    }
+
+    #[tokio::test]
+    async fn compare_set_that_changes_nothing_wakes_nobody() {
+        let db = Db::new();
+        let mut waiter = db.wait(&[b("k")]).expect("pending");
+        assert_eq!(db.compare_set(b("k"), b("x"), b("y")), b("x"));
+        assert!(futures_poll(&mut waiter).is_none());
+        assert_eq!(db.compare_set(b("k"), b(""), b("y")), b("y"));
+        waiter.released().await;
+    }
+
+    #[tokio::test]
+    async fn barrier_releases_all_on_the_last_arrival_and_keeps_its_count() {
+        let db = Db::new();
+        let mut first = db.barrier(b("bar"), 2).unwrap().expect("pending");
+        assert!(db.barrier(b("bar"), 2).unwrap().is_none());
+        first.released().await;
+        assert_eq!(db.get(b"bar"), b("2"));
+        assert!(db.barrier(b("bar"), 2).unwrap().is_none());
+    }
+
+    #[test]
+    fn add_follows_torch_on_bad_values_and_overflow() {
+        let db = Db::new();
+        db.set(b("k"), b("12abc"));
+        assert_eq!(db.add(b("k"), 1).unwrap(), 13);
+        db.set(b("bad"), b("abc"));
+        assert!(db.add(b("bad"), 1).is_err());
+        assert_eq!(db.get(b"bad"), b("abc"));
+        db.set(b("max"), Bytes::from(i64::MAX.to_string()));
+        assert_eq!(db.add(b("max"), 1).unwrap(), i64::MIN);
+    }
+
+    /// Polls a waiter once without blocking: `Some` iff it is released.
+    fn futures_poll(waiter: &mut Waiter) -> Option<()> {
+        match waiter.released.try_recv() {
+            Ok(()) => Some(()),
+            Err(_) => None,
+        }
+    }
+}

@@ -1,0 +1,297 @@
+//! [`TcpStore`]: torch's `TCPStore` as a blocking [`Store`], for the Python bindings and for
+//! synchronous Rust callers.
+//!
+//! It adds torch's key conventions on top of [`Client`] (user keys travel as `/key`, the worker
+//! counter is the bare `init/`) so it shares one key space with stock torch clients, and it runs
+//! every call on the process's one runtime with a deadline: nothing waits forever, a server that
+//! stops answering fails the call with a network error within the store timeout (torch's client
+//! would hang in `recv`).
+//!
+//! A master hosts the server in its own process, on the runtime (no thread of its own), and
+//! counts workers by waiting on the server's state directly rather than polling it. With
+//! `multi_tenant`, masters in one process asking for the same port share one server.
+//!
+//! After a connection breaks (server restarted, call abandoned at its deadline), the next call
+//! makes one reconnect attempt before failing, so a store survives a restarted server.
+//!
+//! Do not call it from inside the runtime (an async task): use [`Client`] there.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::time::Duration;
+
+use bytes::Bytes;
+
+use super::client::Client;
+use super::codec::{Limits, Reply, Request};
+use super::server::{Server, ServerConfig};
+use crate::error::{Error, Result};
+use crate::store::{Deadline, Store};
+
+/// Extra time a wait's call gets beyond the wait itself, for cancelling an earlier wait.
+const CANCEL_GRACE: Duration = Duration::from_secs(10);
+
+/// The worker counter key, unprefixed as torch's client sends it.
+pub const WORKER_COUNTER_KEY: &str = "init/";
+
+/// What `TcpStore::new` needs; the fields mirror torch's `TCPStore` arguments.
+#[derive(Debug, Clone)]
+pub struct TcpStoreOptions {
+    /// Server host to connect to (and, for a master, the address to bind; see [`ServerConfig`]).
+    pub host: String,
+    /// Server port; 0 with `is_master` picks a free one.
+    pub port: u16,
+    /// Number of stores expected, the master's included; `None` skips worker counting.
+    pub world_size: Option<u64>,
+    /// Host the server in this process.
+    pub is_master: bool,
+    /// Default timeout of blocking calls, and the connect deadline.
+    pub timeout: Duration,
+    /// Count workers: every store adds 1 to `init/`; the master waits for `world_size`.
+    pub wait_for_workers: bool,
+    /// Share one server among masters of this process on the same (non-zero) port.
+    pub multi_tenant: bool,
+    /// Serve on this already bound socket instead of binding (duplicated, not taken).
+    pub master_listen_fd: Option<i32>,
+    /// torch's flag; `false` refuses queue operations, as torch's legacy backend does.
+    pub use_libuv: bool,
+    /// Limits the hosted server enforces.
+    pub limits: Limits,
+}
+
+impl Default for TcpStoreOptions {
+    fn default() -> Self {
+        TcpStoreOptions {
+            host: "127.0.0.1".into(),
+            port: 0,
+            world_size: None,
+            is_master: false,
+            timeout: crate::store::DEFAULT_TIMEOUT,
+            wait_for_workers: true,
+            multi_tenant: false,
+            master_listen_fd: None,
+            use_libuv: true,
+            limits: Limits::default(),
+        }
+    }
+}
+
+/// Servers of this process by port, for `multi_tenant` masters.
+fn tenants() -> &'static Mutex<HashMap<u16, Weak<Server>>> {
+    static TENANTS: OnceLock<Mutex<HashMap<u16, Weak<Server>>>> = OnceLock::new();
+    TENANTS.get_or_init(Default::default)
+}
+
+type Op<'c, T> = Pin<Box<dyn Future<Output = Result<T>> + Send + 'c>>;
+
+/// A blocking, torch-compatible TCP store client (and, for a master, its server).
+pub struct TcpStore {
+    host: String,
+    port: u16,
+    use_libuv: bool,
+    timeout: Mutex<Duration>,
+    conn: tokio::sync::Mutex<Option<Client>>,
+    server: Option<Arc<Server>>,
+}
+
+fn wire(key: &str) -> Bytes {
+    let mut k = Vec::with_capacity(key.len() + 1);
+    k.push(b'/');
+    k.extend_from_slice(key.as_bytes());
+    Bytes::from(k)
+}
+
+fn wire_all(keys: &[String]) -> Vec<Bytes> {
+    keys.iter().map(|k| wire(k)).collect()
+}
+
+fn wait_timeout(after: Duration, keys: &[String]) -> Error {
+    let shown: Vec<String> = keys.iter().map(|k| format!("/{k}")).collect();
+    Error::Timeout {
+        op: "wait".into(),
+        after,
+        detail: format!("keys: {}", shown.join(", ")),
+    }
+}
+
+impl TcpStore {
+    /// Connects (hosting the server first when `is_master`) and counts workers, blocking until
+    /// done or `options.timeout` passes.
+    pub fn new(options: TcpStoreOptions) -> Result<TcpStore> {
+        if options.world_size == Some(0) {
+            return Err(Error::InvalidArgument(
+                "TCPStore world size cannot be 0".into(),
+            ));
+        }
+        let (server, started) = if options.is_master {
+            host_server(&options)?
+        } else {
+            (None, false)
+        };
+        let port = server
+            .as_ref()
+            .map_or(options.port, |s| s.local_addr().port());
+        let rt = crate::runtime::runtime();
+        let client = rt.block_on(Client::connect(&options.host, port, options.timeout))?;
+        let store = TcpStore {
+            host: options.host.clone(),
+            port,
+            use_libuv: options.use_libuv,
+            timeout: Mutex::new(options.timeout),
+            conn: tokio::sync::Mutex::new(Some(client)),
+            server,
+        };
+        if let (Some(world_size), true) = (options.world_size, options.wait_for_workers) {
+            store.raw_add(WORKER_COUNTER_KEY, 1)?;
+            if started {
+                store.wait_for_workers(world_size as i64, options.timeout)?;
+            }
+        }
+        Ok(store)
+    }
+
+    /// The host this store connects to.
+    pub fn host(&self) -> &str {
+        &self.host
+    }
+
+    /// The server's port (the one picked, when 0 was asked).
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// torch's `libuvBackend` flag as given.
+    pub fn use_libuv(&self) -> bool {
+        self.use_libuv
+    }
+
+    /// The server this store hosts, if it is a master.
+    pub fn server(&self) -> Option<&Arc<Server>> {
+        self.server.as_ref()
+    }
+
+    fn wait_for_workers(&self, world_size: i64, timeout: Duration) -> Result<()> {
+        let server = self
+            .server
+            .as_ref()
+            .expect("only the hosting master counts");
+        let db = server.db().clone();
+        let key = Bytes::from_static(WORKER_COUNTER_KEY.as_bytes());
+        let deadline = Deadline::after(timeout);
+        crate::runtime::runtime().block_on(async {
+            loop {
+                let mut waiter = match db.counter_at_least(&key, world_size) {
+                    Ok(_) => return Ok(()),
+                    Err(waiter) => waiter,
+                };
+                let released = match deadline.remaining() {
+                    None => {
+                        waiter.released().await;
+                        true
+                    }
+                    Some(left) => tokio::time::timeout(left, waiter.released()).await.is_ok(),
+                };
+                if !released {
+                    let joined = db.get(&key);
+                    return Err(Error::Store(format!(
+                        "Timed out after {} seconds waiting for clients. {}/{world_size} clients joined.",
+                        timeout.as_secs(),
+                        String::from_utf8_lossy(&joined).parse::<i64>().unwrap_or(0)
+                    )));
+                }
+            }
+        })
+    }
+
+    /// Runs `op` on the connection with `deadline` (`None`: the store timeout, zero: none),
+    /// reconnecting once first if the connection broke earlier.
+    fn run<T: Send>(
+        &self,
+        deadline: Option<Duration>,
+        op: impl for<'c> FnOnce(&'c mut Client) -> Op<'c, T> + Send,
+    ) -> Result<T> {
+        let limit = deadline.unwrap_or_else(|| self.timeout());
+        let deadline = Deadline::after(limit);
+        crate::runtime::runtime().block_on(async {
+            let work = async {
+                let mut slot = self.conn.lock().await;
+                if slot.as_ref().is_none_or(Client::is_broken) {
+                    *slot = None;
+                    *slot = Some(Client::connect_once(&self.host, self.port, deadline).await?);
+                }
+                op(slot.as_mut().expect("connected")).await
+            };
+            match deadline.remaining() {
+                None => work.await,
+                Some(left) => tokio::time::timeout(left, work).await.unwrap_or_else(|_| {
+                    Err(Error::Network(format!(
+                        "no reply from the store at {}:{} within {}ms",
+                        self.host,
+                        self.port,
+                        limit.as_millis()
+                    )))
+                }),
+            }
+        })
+    }
+
+    fn raw_add(&self, key: &str, amount: i64) -> Result<i64> {
+        let key = Bytes::copy_from_slice(key.as_bytes());
+        self.run(None, move |c| {
+            Box::pin(async move { c.call_int(&Request::Add { key, delta: amount }).await })
+        })
+    }
+
+    fn wait_for(
+        &self,
+        keys: &[String],
+        follow: Option<Request>,
+        timeout: Duration,
+    ) -> Result<Option<Reply>> {
+        let wire_keys = wire_all(keys);
+        // The wait's own timeout bounds the wait; the run deadline adds room for the
+        // CANCEL_WAIT exchange a later call may need.
+        let bound = (!timeout.is_zero()).then_some(timeout);
+        let limit = bound.map_or(Duration::ZERO, |t| t + CANCEL_GRACE);
+        let outcome = self.run(Some(limit), move |c| {
+            Box::pin(async move { c.wait_then(&wire_keys, follow, bound).await })
+        })?;
+        outcome.map_err(|()| wait_timeout(timeout, keys))
+    }
+}
+
+fn host_server(options: &TcpStoreOptions) -> Result<(Option<Arc<Server>>, bool)> {
+    let mut tenants = tenants().lock().unwrap_or_else(|p| p.into_inner());
+    if options.multi_tenant && options.port != 0 {
+        if let Some(server) = tenants.get(&options.port).and_then(Weak::upgrade) {
+            return Ok((Some(server), false));
+        }
+    }
+    let config = ServerConfig {
+        host: options.host.clone(),
+        port: options.port,
+        limits: options.limits,
+        expected_clients: options.world_size,
+        ..ServerConfig::default()
+    };
+    let listener = match options.master_listen_fd {
+        Some(fd) => super::server::adopt(fd, options.port, config.backlog)?,
+        None => super::server::bind(&config)?,
+    };
+    let server = Arc::new(Server::serve(listener, &config)?);
+    tenants.retain(|_, weak| weak.strong_count() > 0);
+    tenants.insert(server.local_addr().port(), Arc::downgrade(&server));
+    Ok((Some(server), true))
+}
+
+fn expect_value(reply: Option<Reply>) -> Result<Vec<u8>> {
+    match reply {
+        Some(Reply::Value(v)) => Ok(v.to_vec()),
+        other => Err(Error::Protocol(format!("expected a value, got {other:?}"))),
+    }
+}
+
+#[path = "store_impl.rs"]
+mod store_impl;
