@@ -17,14 +17,15 @@
 use std::collections::VecDeque;
 use std::net::SocketAddr;
 
-use bytes::{BufMut, BytesMut};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use bytes::BytesMut;
+use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 
 use super::codec::{
     decode_request, scan_request, FrameError, Limits, Reply, Request, Scan, STOP_WAITING,
     VALIDATE_MAGIC, WAIT_CANCELED,
 };
+use super::outbox::{Outbox, HIGH_WATER};
 use super::shutdown::Shutdown;
 use super::state::{Db, Waiter};
 
@@ -54,7 +55,7 @@ pub struct Handler {
     db: Db,
     limits: Limits,
     input: BytesMut,
-    output: BytesMut,
+    output: Outbox,
     validated: bool,
     waiting: Option<Waiter>,
     held: VecDeque<Request>,
@@ -70,7 +71,7 @@ impl Handler {
             db,
             limits,
             input: BytesMut::with_capacity(READ_CHUNK),
-            output: BytesMut::with_capacity(READ_CHUNK),
+            output: Outbox::default(),
             validated: false,
             waiting: None,
             held: VecDeque::new(),
@@ -95,8 +96,14 @@ impl Handler {
         loop {
             self.process_buffered()?;
             if !self.output.is_empty() {
-                self.stream.write_all(&self.output).await?;
-                self.output.clear();
+                self.output.flush(&mut self.stream).await?;
+                // Requests left behind a full outbox are served before reading more.
+                if self.waiting.is_none()
+                    && (!self.held.is_empty()
+                        || matches!(scan_request(&self.input, &self.limits)?, Scan::Complete(_)))
+                {
+                    continue;
+                }
             }
             let need = match scan_request(&self.input, &self.limits)? {
                 Scan::Incomplete(need) => need,
@@ -122,6 +129,10 @@ impl Handler {
     /// Handles every complete request in the buffer (and those held behind a released wait).
     fn process_buffered(&mut self) -> Result<(), Closed> {
         loop {
+            // Replies can be far larger than requests: take no more work until these are out.
+            if self.output.len() >= HIGH_WATER {
+                return Ok(());
+            }
             if self.waiting.is_none() {
                 if let Some(request) = self.held.pop_front() {
                     self.held_bytes -= request_bytes(&request);
@@ -234,7 +245,7 @@ impl Handler {
                 }
             }
         };
-        reply.encode(&mut self.output);
+        self.output.push(&reply);
         Ok(())
     }
 }

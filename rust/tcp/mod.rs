@@ -29,6 +29,7 @@ pub mod cli;
 pub mod client;
 pub mod codec;
 pub mod handler;
+pub mod outbox;
 pub mod server;
 pub mod shutdown;
 pub mod state;
