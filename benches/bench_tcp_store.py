@@ -319,7 +319,8 @@ def main() -> None:
     n_ops = 500 if args.quick else 3000
     storm_sizes = [1024] if args.quick else [1024, 4096, 16384]
     dns_off = _dns_off_prefix() is not None
-    have_ferrodist = _ferrodist_available()
+    have_ferrodist = _ferrodist_server_available()
+    have_client = _ferrodist_client_available()
     print(f"machine: {os.cpu_count()} cores, shared; torch {_torch_version()}; DNS off: {dns_off}")
 
     if "ops" not in skip:
@@ -330,7 +331,9 @@ def main() -> None:
         ]
         rows: dict[str, dict[str, OpResult] | None] = {}
         for name, kind, client in pairs:
-            if kind == "ferrodist" and not have_ferrodist:
+            if (kind == "ferrodist" and not have_ferrodist) or (
+                client is ferrodist_client and not have_client
+            ):
                 rows[name] = None
                 continue
             server = start_server(kind, dns_off)
@@ -365,13 +368,17 @@ def main() -> None:
         print_storm_table("DNS on: 256 clients from 127.0.0.2-65, machine's resolver", results)
 
 
-def _ferrodist_available() -> bool:
+def _ferrodist_server_available() -> bool:
+    binary = shutil.which("ferrodist-store") or REPO / "target/release/ferrodist-store"
+    return Path(binary).exists()
+
+
+def _ferrodist_client_available() -> bool:
     try:
         import ferrodist
     except ImportError:
         return False
-    binary = shutil.which("ferrodist-store") or REPO / "target/release/ferrodist-store"
-    return hasattr(ferrodist, "TCPStore") and Path(binary).exists()
+    return hasattr(ferrodist, "TCPStore")
 
 
 def _torch_version() -> str:

@@ -15,7 +15,9 @@
 //! Any protocol breach closes this connection only; the server and other clients carry on.
 
 use std::collections::VecDeque;
+use std::future::Future;
 use std::net::SocketAddr;
+use std::task::Poll;
 
 use bytes::BytesMut;
 use tokio::io::AsyncReadExt;
@@ -31,8 +33,10 @@ use super::state::{Db, Waiter};
 
 /// Most requests a client may queue behind one pending WAIT.
 const MAX_HELD_REQUESTS: usize = 1024;
-/// Smallest read; a frame larger than this grows the buffer step by step as bytes arrive.
+/// Largest read step: a frame larger than this grows the buffer step by step as bytes arrive.
 const READ_CHUNK: usize = 16 * 1024;
+/// Smallest read buffer, allocated when bytes are readable (most requests are far smaller).
+const MIN_READ: usize = 512;
 
 /// Why a connection ended.
 #[derive(Debug, thiserror::Error)]
@@ -70,7 +74,7 @@ impl Handler {
             peer,
             db,
             limits,
-            input: BytesMut::with_capacity(READ_CHUNK),
+            input: BytesMut::new(),
             output: Outbox::default(),
             validated: false,
             waiting: None,
@@ -109,13 +113,24 @@ impl Handler {
                 Scan::Incomplete(need) => need,
                 Scan::Complete(_) => self.input.len() + 1,
             };
-            self.input
-                .reserve(need.saturating_sub(self.input.len()).clamp(1, READ_CHUNK));
+            if self.input.is_empty() {
+                // An idle connection holds no read buffer: at a rendezvous thousands of them
+                // sit in WAIT, and the buffer is allocated again only once bytes are readable.
+                self.input = BytesMut::new();
+            }
             let waiting = self.waiting.as_mut();
             tokio::select! {
-                read = self.stream.read_buf(&mut self.input) => {
-                    if read? == 0 {
-                        return Ok(());
+                ready = self.stream.readable() => {
+                    ready?;
+                    let want = need.saturating_sub(self.input.len()).clamp(MIN_READ, READ_CHUNK);
+                    self.input.reserve(want);
+                    // One poll of a read: unlike `try_read`, a short read clears the readiness,
+                    // which saves the EAGAIN read after every request.
+                    let mut read = std::pin::pin!(self.stream.read_buf(&mut self.input));
+                    match std::future::poll_fn(|cx| Poll::Ready(read.as_mut().poll(cx))).await {
+                        Poll::Ready(Ok(0)) => return Ok(()),
+                        Poll::Ready(Ok(_)) | Poll::Pending => {}
+                        Poll::Ready(Err(err)) => return Err(err.into()),
                     }
                 }
                 _ = async { waiting.expect("guarded").released().await }, if waiting.is_some() => {
