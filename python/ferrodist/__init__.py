@@ -20,6 +20,9 @@ from ferrodist.errors import (
 )
 from ferrodist.store import HashStore, Store
 
+# --- tcp store ---
+from ferrodist.tcp_store import TCPStore
+
 __version__: str = _native.__version__
 
 __all__ = [
@@ -33,5 +36,6 @@ __all__ = [
     "QueueEmptyError",
     "Store",
     "StoreTimeoutError",
+    "TCPStore",
     "__version__",
 ]

@@ -7,6 +7,8 @@ mod blocking;
 mod errors;
 mod foreign_store;
 mod store;
+// --- tcp store ---
+mod tcp_store;
 
 use pyo3::prelude::*;
 
@@ -16,5 +18,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     store::register(m)?;
     m.add_function(wrap_pyfunction!(foreign_store::wrap_store, m)?)?;
+    // --- tcp store ---
+    tcp_store::register(m)?;
     Ok(())
 }

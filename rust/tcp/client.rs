@@ -119,8 +119,9 @@ impl Client {
         let mut last = Error::Network(format!("{host} resolved to no address"));
         for addr in addrs {
             let attempt = async {
-                let stream = TcpStream::connect(addr).await?;
-                stream.set_nodelay(true)?;
+                let io = |e: std::io::Error| Error::Network(format!("connecting to {addr}: {e}"));
+                let stream = TcpStream::connect(addr).await.map_err(io)?;
+                stream.set_nodelay(true).map_err(io)?;
                 Client::handshake(stream, format!("{host}:{port}")).await
             };
             match tokio::time::timeout(within(deadline.remaining()), attempt).await {
@@ -181,6 +182,18 @@ impl Client {
     }
 
     async fn flush(&mut self) -> Result<()> {
+        // A server that died since the last call has left an EOF to read. Without this check a
+        // fire-and-forget request (SET) would "succeed" into the void; tokio answers from its
+        // readiness flags, so on a live connection this costs no system call.
+        if self.input.is_empty() {
+            self.input.reserve(4096);
+            match self.stream.try_read_buf(&mut self.input) {
+                Ok(0) => return Err(closed(&self.peer, CLOSED_BY_SERVER)),
+                Ok(_) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(e) => return Err(closed(&self.peer, format!("connection broken: {e}"))),
+            }
+        }
         let result = self.stream.write_all(&self.output).await;
         self.output.clear();
         result.map_err(|e| closed(&self.peer, format!("send failed: {e}")))
@@ -191,7 +204,7 @@ impl Client {
             if let Some(reply) = decode_reply(kind, &mut self.input, &Limits::UNLIMITED)? {
                 return Ok(reply);
             }
-            self.input.reserve(4096);
+            self.input.reserve(64 * 1024);
             match self.stream.read_buf(&mut self.input).await {
                 Ok(0) => return Err(closed(&self.peer, CLOSED_BY_SERVER)),
                 Ok(_) => {}

@@ -15,9 +15,7 @@
 //! Any protocol breach closes this connection only; the server and other clients carry on.
 
 use std::collections::VecDeque;
-use std::future::Future;
 use std::net::SocketAddr;
-use std::task::Poll;
 
 use bytes::BytesMut;
 use tokio::io::AsyncReadExt;
@@ -27,16 +25,22 @@ use super::codec::{
     decode_request, scan_request, FrameError, Limits, Reply, Request, Scan, STOP_WAITING,
     VALIDATE_MAGIC, WAIT_CANCELED,
 };
-use super::outbox::{Outbox, HIGH_WATER};
+use super::outbox::Outbox;
 use super::shutdown::Shutdown;
 use super::state::{Db, Waiter};
 
 /// Most requests a client may queue behind one pending WAIT.
 const MAX_HELD_REQUESTS: usize = 1024;
-/// Largest read step: a frame larger than this grows the buffer step by step as bytes arrive.
+/// Largest read; a frame larger than this grows the buffer step by step as its bytes arrive
+/// (never by its declared length, which would let a client make the server allocate memory it
+/// never sends).
 const READ_CHUNK: usize = 16 * 1024;
-/// Smallest read buffer, allocated when bytes are readable (most requests are far smaller).
-const MIN_READ: usize = 512;
+/// Smallest read buffer; most requests are tens of bytes.
+const MIN_READ: usize = 256;
+/// Replies are written once this much is queued, even if more requests are buffered.
+const FLUSH_AT_BYTES: usize = 64 * 1024;
+/// An idle connection keeps at most this much read buffer (thousands of ranks sit idle).
+const IDLE_CAPACITY: usize = 4 * 1024;
 
 /// Why a connection ended.
 #[derive(Debug, thiserror::Error)]
@@ -100,37 +104,26 @@ impl Handler {
         loop {
             self.process_buffered()?;
             if !self.output.is_empty() {
-                self.output.flush(&mut self.stream).await?;
-                // Requests left behind a full outbox are served before reading more.
-                if self.waiting.is_none()
-                    && (!self.held.is_empty()
-                        || matches!(scan_request(&self.input, &self.limits)?, Scan::Complete(_)))
-                {
-                    continue;
-                }
+                self.output.write_to(&mut self.stream).await?;
+                // More requests may be buffered behind the ones just answered.
+                continue;
+            }
+            if self.input.is_empty() && self.input.capacity() > IDLE_CAPACITY {
+                self.input = BytesMut::new();
             }
             let need = match scan_request(&self.input, &self.limits)? {
                 Scan::Incomplete(need) => need,
                 Scan::Complete(_) => self.input.len() + 1,
             };
-            if self.input.is_empty() {
-                // An idle connection holds no read buffer: at a rendezvous thousands of them
-                // sit in WAIT, and the buffer is allocated again only once bytes are readable.
-                self.input = BytesMut::new();
-            }
+            self.input.reserve(
+                need.saturating_sub(self.input.len())
+                    .clamp(MIN_READ, READ_CHUNK),
+            );
             let waiting = self.waiting.as_mut();
             tokio::select! {
-                ready = self.stream.readable() => {
-                    ready?;
-                    let want = need.saturating_sub(self.input.len()).clamp(MIN_READ, READ_CHUNK);
-                    self.input.reserve(want);
-                    // One poll of a read: unlike `try_read`, a short read clears the readiness,
-                    // which saves the EAGAIN read after every request.
-                    let mut read = std::pin::pin!(self.stream.read_buf(&mut self.input));
-                    match std::future::poll_fn(|cx| Poll::Ready(read.as_mut().poll(cx))).await {
-                        Poll::Ready(Ok(0)) => return Ok(()),
-                        Poll::Ready(Ok(_)) | Poll::Pending => {}
-                        Poll::Ready(Err(err)) => return Err(err.into()),
+                read = self.stream.read_buf(&mut self.input) => {
+                    if read? == 0 {
+                        return Ok(());
                     }
                 }
                 _ = async { waiting.expect("guarded").released().await }, if waiting.is_some() => {
@@ -144,8 +137,7 @@ impl Handler {
     /// Handles every complete request in the buffer (and those held behind a released wait).
     fn process_buffered(&mut self) -> Result<(), Closed> {
         loop {
-            // Replies can be far larger than requests: take no more work until these are out.
-            if self.output.len() >= HIGH_WATER {
+            if self.output.len() >= FLUSH_AT_BYTES {
                 return Ok(());
             }
             if self.waiting.is_none() {
@@ -260,7 +252,7 @@ impl Handler {
                 }
             }
         };
-        self.output.push(&reply);
+        self.output.reply(reply);
         Ok(())
     }
 }

@@ -22,7 +22,7 @@
 //! # Files
 //!
 //! `codec.rs` wire format; `state.rs` shared state; `handler.rs` one connection;
-//! `server.rs` listener; `shutdown.rs` stop + drain; `client.rs` async client; `store.rs`
+//! `outbox.rs` replies not yet written; `server.rs` listener; `shutdown.rs` stop + drain; `client.rs` async client; `store.rs`
 //! blocking Store facade.
 
 pub mod cli;

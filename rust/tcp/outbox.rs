@@ -1,105 +1,94 @@
-//! Replies waiting to be written to one connection, with stored values shared, not copied.
+//! Replies waiting to be written to one connection.
 //!
-//! A reply can be far larger than the request that asked for it: one MULTI_GET of ~5 KiB that
-//! names a 1 MiB key 400 times asks for 400 MiB, and 400 pipelined GETs do the same. Copying such
-//! replies into one buffer lets any client that stops reading make the server hold gigabytes.
-//! So values above [`COPY_LIMIT`] are queued as `Bytes` handles on the stored value (a refcount,
-//! no copy), and the handler stops taking new requests while more than [`HIGH_WATER`] bytes wait
-//! to be written. A connection's memory is then its length prefixes and small values, never the
-//! size of the replies it asked for.
+//! Small replies are copied into one buffer so that a burst of them goes out in one write.
+//! Large values are not copied at all: the reply shares the stored value's memory ([`Bytes`] is
+//! reference-counted) and is written straight from it. So a GET of an 8 MiB value costs no
+//! 8 MiB copy, and a MULTI_GET naming one large key many times cannot make the server build a
+//! huge reply buffer; what a connection holds stays bounded by what is stored.
 
 use std::collections::VecDeque;
 
 use bytes::{BufMut, Bytes, BytesMut};
 use tokio::io::AsyncWriteExt;
-use tokio::net::TcpStream;
 
 use super::codec::Reply;
 
-/// Values up to this size are copied next to their length prefix (fewer writes).
-pub const COPY_LIMIT: usize = 4 * 1024;
-/// While this many bytes wait to be written, the handler decodes no further request.
-pub const HIGH_WATER: usize = 64 * 1024;
+/// Values at least this long are written from shared memory instead of being copied.
+const SHARE_AT_BYTES: usize = 4 * 1024;
+/// An idle connection keeps at most this much buffer capacity.
+const IDLE_CAPACITY: usize = 4 * 1024;
 
-/// The write queue of one connection.
+/// Replies not yet written.
 #[derive(Default)]
 pub struct Outbox {
-    /// Sealed pieces, written in order.
+    small: BytesMut,
     chunks: VecDeque<Bytes>,
-    /// Small bytes not yet sealed into a chunk.
-    tail: BytesMut,
-    /// Bytes queued in `chunks` and `tail`.
     queued: usize,
 }
 
 impl Outbox {
-    /// Bytes waiting to be written (shared values counted at full size).
+    /// Bytes queued (shared values included).
     pub fn len(&self) -> usize {
-        self.queued
+        self.queued + self.small.len()
     }
 
-    /// Nothing waits to be written.
+    /// True when nothing is queued.
     pub fn is_empty(&self) -> bool {
-        self.queued == 0
+        self.len() == 0
     }
 
     /// Queues one status byte.
     pub fn put_u8(&mut self, byte: u8) {
-        self.tail.put_u8(byte);
-        self.queued += 1;
+        self.small.put_u8(byte);
     }
 
-    fn put_value(&mut self, value: &Bytes) {
-        self.tail.put_u64_le(value.len() as u64);
-        self.queued += 8 + value.len();
-        if value.len() <= COPY_LIMIT {
-            self.tail.put_slice(value);
-        } else {
-            if !self.tail.is_empty() {
-                self.chunks.push_back(self.tail.split().freeze());
-            }
-            self.chunks.push_back(value.clone());
+    fn put_value(&mut self, value: Bytes) {
+        self.small.put_u64_le(value.len() as u64);
+        if value.len() < SHARE_AT_BYTES {
+            self.small.put_slice(&value);
+            return;
         }
+        if !self.small.is_empty() {
+            let head = self.small.split().freeze();
+            self.queued += head.len();
+            self.chunks.push_back(head);
+        }
+        self.queued += value.len();
+        self.chunks.push_back(value);
     }
 
-    /// Queues a reply: the same bytes as [`Reply::encode`], with large values shared.
-    pub fn push(&mut self, reply: &Reply) {
+    /// Queues a reply, sharing large values rather than copying them.
+    pub fn reply(&mut self, reply: Reply) {
         match reply {
             Reply::Value(v) => self.put_value(v),
-            Reply::Values(vs) => vs.iter().for_each(|v| self.put_value(v)),
+            Reply::Values(vs) => vs.into_iter().for_each(|v| self.put_value(v)),
             Reply::Popped { len_before, value } => {
-                self.tail.put_i64_le(*len_before);
-                self.queued += 8;
+                self.small.put_i64_le(len_before);
                 if let Some(v) = value {
                     self.put_value(v);
                 }
             }
-            small => {
-                let before = self.tail.len();
-                small.encode(&mut self.tail);
-                self.queued += self.tail.len() - before;
-            }
+            other => other.encode(&mut self.small),
         }
     }
 
-    /// Writes everything queued; the queue's memory is released as it goes.
-    pub async fn flush(&mut self, stream: &mut TcpStream) -> std::io::Result<()> {
-        if !self.tail.is_empty() {
-            self.chunks.push_back(self.tail.split().freeze());
-        }
+    /// Writes everything queued, then gives back memory beyond a small idle buffer.
+    pub async fn write_to<W: AsyncWriteExt + Unpin>(
+        &mut self,
+        sink: &mut W,
+    ) -> std::io::Result<()> {
         while let Some(chunk) = self.chunks.pop_front() {
-            stream.write_all(&chunk).await?;
             self.queued -= chunk.len();
+            sink.write_all(&chunk).await?;
         }
-        self.queued = 0;
+        if !self.small.is_empty() {
+            sink.write_all(&self.small).await?;
+            self.small.clear();
+        }
+        if self.small.capacity() > IDLE_CAPACITY {
+            self.small = BytesMut::new();
+        }
         Ok(())
-    }
-
-    #[cfg(test)]
-    fn concat(&self) -> Vec<u8> {
-        let mut all: Vec<u8> = self.chunks.iter().flat_map(|c| c.iter().copied()).collect();
-        all.extend_from_slice(&self.tail);
-        all
     }
 }
 
@@ -107,47 +96,21 @@ impl Outbox {
 mod tests {
     use super::*;
 
-    #[test]
-    fn queued_bytes_equal_the_codec_encoding() {
-        let big = Bytes::from(vec![7u8; COPY_LIMIT + 1]);
-        let small = Bytes::from_static(b"abc");
-        let replies = [
-            Reply::Byte(1),
-            Reply::Nonce(0xDEAD_BEEF),
-            Reply::Int(-5),
-            Reply::Value(small.clone()),
-            Reply::Value(big.clone()),
-            Reply::Values(vec![small.clone(), big.clone(), Bytes::new(), big.clone()]),
-            Reply::Popped {
-                len_before: 2,
-                value: Some(big.clone()),
-            },
-            Reply::Popped {
-                len_before: 0,
-                value: None,
-            },
-            Reply::Keys(vec![small.clone(), small]),
-        ];
+    #[tokio::test]
+    async fn replies_come_out_in_order_with_large_values_shared() {
+        let big = Bytes::from(vec![7u8; 10_000]);
         let mut outbox = Outbox::default();
+        outbox.put_u8(0);
+        outbox.reply(Reply::Values(vec![Bytes::from_static(b"ab"), big.clone()]));
+        outbox.reply(Reply::Int(5));
         let mut expected = BytesMut::new();
-        for reply in &replies {
-            outbox.push(reply);
-            reply.encode(&mut expected);
-        }
-        assert_eq!(outbox.concat(), expected.to_vec());
+        expected.put_u8(0);
+        Reply::Values(vec![Bytes::from_static(b"ab"), big]).encode(&mut expected);
+        Reply::Int(5).encode(&mut expected);
         assert_eq!(outbox.len(), expected.len());
-    }
-
-    #[test]
-    fn large_values_are_shared_not_copied() {
-        let big = Bytes::from(vec![1u8; 1 << 20]);
-        let mut outbox = Outbox::default();
-        outbox.push(&Reply::Values(vec![big.clone(); 400]));
-        assert_eq!(outbox.len(), 400 * ((1 << 20) + 8));
-        // Only the 8-byte length prefixes were copied.
-        assert!(outbox
-            .chunks
-            .iter()
-            .all(|c| c.len() == 8 || c.as_ptr() == big.as_ptr()));
+        let mut written = Vec::new();
+        outbox.write_to(&mut written).await.unwrap();
+        assert_eq!(written, expected.to_vec());
+        assert!(outbox.is_empty());
     }
 }

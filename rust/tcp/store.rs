@@ -217,7 +217,7 @@ impl TcpStore {
         crate::runtime::runtime().block_on(async {
             let work = async {
                 let mut slot = self.conn.lock().await;
-                if slot.as_ref().is_none_or(Client::is_broken) {
+                if slot.as_ref().map_or(true, Client::is_broken) {
                     *slot = None;
                     *slot = Some(Client::connect_once(&self.host, self.port, deadline).await?);
                 }

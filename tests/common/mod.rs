@@ -1,0 +1,69 @@
+//! Helpers shared by the integration tests: a server on a free loopback port, raw sockets.
+
+#![allow(dead_code)]
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::Duration;
+
+use bytes::BytesMut;
+use ferrodist::tcp::codec::{Request, VALIDATE_MAGIC};
+use ferrodist::tcp::{Server, ServerConfig};
+
+/// A server on 127.0.0.1 with a port the OS picked.
+pub fn start_server() -> Server {
+    start_server_with(ServerConfig {
+        host: "127.0.0.1".into(),
+        ..ServerConfig::default()
+    })
+}
+
+/// A server with `config` (host and port as given).
+pub fn start_server_with(config: ServerConfig) -> Server {
+    Server::start(&config).expect("server starts")
+}
+
+/// Encodes requests back to back.
+pub fn frames(requests: &[Request]) -> Vec<u8> {
+    let mut buf = BytesMut::new();
+    for r in requests {
+        r.encode(&mut buf);
+    }
+    buf.to_vec()
+}
+
+/// A raw blocking socket to `server`, already past the handshake unless `validate` is false.
+pub fn raw(server: &Server, validate: bool) -> TcpStream {
+    let stream = TcpStream::connect(server.local_addr()).expect("connects");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    if validate {
+        (&stream)
+            .write_all(&frames(&[Request::Validate {
+                magic: VALIDATE_MAGIC,
+            }]))
+            .unwrap();
+    }
+    stream
+}
+
+/// Reads exactly `n` bytes.
+pub fn read_n(mut stream: &TcpStream, n: usize) -> Vec<u8> {
+    let mut buf = vec![0; n];
+    stream.read_exact(&mut buf).expect("reply arrives");
+    buf
+}
+
+/// True when the server closed the connection (EOF or reset) within the read timeout.
+pub fn is_closed(mut stream: &TcpStream) -> bool {
+    let mut byte = [0u8; 1];
+    match stream.read(&mut byte) {
+        Ok(0) => true,
+        Ok(_) => false,
+        Err(e) => !matches!(
+            e.kind(),
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+        ),
+    }
+}
