@@ -15,7 +15,9 @@
 //! Any protocol breach closes this connection only; the server and other clients carry on.
 
 use std::collections::VecDeque;
+use std::future::Future;
 use std::net::SocketAddr;
+use std::task::Poll;
 
 use bytes::BytesMut;
 use tokio::io::AsyncReadExt;
@@ -39,8 +41,6 @@ const READ_CHUNK: usize = 16 * 1024;
 const MIN_READ: usize = 256;
 /// Replies are written once this much is queued, even if more requests are buffered.
 const FLUSH_AT_BYTES: usize = 64 * 1024;
-/// An idle connection keeps at most this much read buffer (thousands of ranks sit idle).
-const IDLE_CAPACITY: usize = 4 * 1024;
 
 /// Why a connection ended.
 #[derive(Debug, thiserror::Error)]
@@ -108,22 +108,29 @@ impl Handler {
                 // More requests may be buffered behind the ones just answered.
                 continue;
             }
-            if self.input.is_empty() && self.input.capacity() > IDLE_CAPACITY {
+            if self.input.is_empty() {
+                // A connection at rest holds no read buffer (thousands of ranks sit in WAIT at
+                // a rendezvous); one is allocated when bytes are readable.
                 self.input = BytesMut::new();
             }
             let need = match scan_request(&self.input, &self.limits)? {
                 Scan::Incomplete(need) => need,
                 Scan::Complete(_) => self.input.len() + 1,
             };
-            self.input.reserve(
-                need.saturating_sub(self.input.len())
-                    .clamp(MIN_READ, READ_CHUNK),
-            );
             let waiting = self.waiting.as_mut();
             tokio::select! {
-                read = self.stream.read_buf(&mut self.input) => {
-                    if read? == 0 {
-                        return Ok(());
+                ready = self.stream.readable() => {
+                    ready?;
+                    let want = need.saturating_sub(self.input.len()).clamp(MIN_READ, READ_CHUNK);
+                    self.input.reserve(want);
+                    // One poll of a read: a short read clears the readiness (no EAGAIN read
+                    // after every request, as `try_read` would cost); spurious readiness reads
+                    // nothing and loops.
+                    let mut read = std::pin::pin!(self.stream.read_buf(&mut self.input));
+                    match std::future::poll_fn(|cx| Poll::Ready(read.as_mut().poll(cx))).await {
+                        Poll::Ready(Ok(0)) => return Ok(()),
+                        Poll::Ready(Ok(_)) | Poll::Pending => {}
+                        Poll::Ready(Err(err)) => return Err(err.into()),
                     }
                 }
                 _ = async { waiting.expect("guarded").released().await }, if waiting.is_some() => {

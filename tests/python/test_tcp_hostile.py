@@ -251,8 +251,8 @@ def test_random_and_mutated_frames_only_close_their_own_connection(server: Serve
                 sock.sendall(payload)
                 # Half-close: whatever the server made of the bytes, it must then let go.
                 sock.shutdown(socket.SHUT_WR)
-            except (BrokenPipeError, ConnectionResetError):
-                pass  # already closed by the server: fine
+            except OSError:
+                pass  # already closed by the server (broken pipe, reset, not connected): fine
             assert closed_by_server(sock), f"connection {i} left open after EOF"
             sock.close()
     good.check()
@@ -283,8 +283,8 @@ def test_declared_lengths_over_the_limits_close_at_once(server: Server) -> None:
                         sock.sendall(
                             os.urandom(MAX_VALUE) + _str(b"/k") + struct.pack("<Q", MAX_VALUE)
                         )
-                except (BrokenPipeError, ConnectionResetError):
-                    pass
+                except OSError:
+                    pass  # closed by the server part-way: what is being tested
             assert closed_by_server(sock), f"not closed after {header[:16].hex()}"
             sock.close()
         # Many connections each declare the largest allowed value and send only a sliver: the
