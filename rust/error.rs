@@ -70,6 +70,31 @@ pub enum Error {
     /// The operation was interrupted by the caller (e.g. Ctrl-C in Python).
     #[error("interrupted")]
     Interrupted,
+    // --- collectives ---
+    /// An argument torch rejects with a `RuntimeError` or crashes on (an empty tensor list, a
+    /// sparse tensor, indices out of range); Python sees a class that is both `ValueError` and
+    /// `RuntimeError`, so torch's `except` clauses still catch it.
+    #[error("{0}")]
+    InvalidInput(String),
+    /// A control collective timed out waiting for other ranks. The text follows torch's
+    /// (`barrier failed -- missing ranks: 0, 2, wait timeout after 50ms, keys: b/last_members`),
+    /// so code matching torch's message keeps working.
+    #[error(
+        "{op} failed -- missing ranks: {}wait timeout after {}ms, keys: {}",
+        missing.iter().map(|r| format!("{r}, ")).collect::<String>(),
+        after.as_millis(),
+        keys.join(", ")
+    )]
+    RanksMissing {
+        /// `barrier`, `gather` or `all_gather`, as torch names them.
+        op: String,
+        /// Ranks that never wrote their key, ascending.
+        missing: Vec<usize>,
+        /// The caller's timeout for the whole collective.
+        after: Duration,
+        /// The store keys that were still absent.
+        keys: Vec<String>,
+    },
 }
 
 impl Error {

@@ -12,14 +12,25 @@
 //!   stores: [`store::HashStore`], `FileStore` (torch's on-disk format), `PrefixStore`.
 //! * [`tcp`]: torch's TCPStore wire protocol (codec), the tokio server behind `ferrodist-store`
 //!   and the in-process master, and the client.
+//! * [`bucket`]: DDP gradient bucket assignment (torch's `_compute_bucket_assignment_by_size`)
+//!   from tensor metadata.
+//! * [`collectives`]: control collectives over any store (torch's `_StoreCollectives`, same
+//!   key layout, one deadline per call).
 //! * `python` (feature `python`): PyO3 wrappers only: convert arguments, release the GIL, call
 //!   the core, convert the result.
+//! * [`partition`]: ZeRO's sorted-greedy parameter partition across ranks.
 
 pub mod error;
 pub mod runtime;
 pub mod store;
 // --- tcp store ---
 pub mod tcp;
+// --- collectives ---
+pub mod bucket;
+pub mod collectives;
+
+// --- zero ---
+pub mod partition;
 
 #[cfg(feature = "python")]
 pub mod python;

@@ -17,6 +17,8 @@ __all__ = [
     "DistNetworkError",
     "DistStoreError",
     "FerrodistError",
+    # --- collectives ---
+    "InvalidInputError",
     "QueueEmptyError",
     "StoreTimeoutError",
 ]
@@ -56,3 +58,12 @@ class StoreTimeoutError(DistStoreError, TimeoutError):
 
 class ConnectionClosedError(DistNetworkError, ConnectionError):
     """The peer closed the connection or the store was shut down."""
+
+
+# --- collectives ---
+class InvalidInputError(FerrodistError, ValueError, RuntimeError):
+    """An argument torch rejects with a ``RuntimeError``, or would crash on.
+
+    A ``ValueError`` whose message names the argument, and also a ``RuntimeError`` so code
+    written against torch (``except RuntimeError``) still catches it.
+    """

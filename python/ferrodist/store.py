@@ -9,11 +9,12 @@ torch reaches the overrides through its C++ trampoline, so its own code paths ru
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Union
+from typing import TypeVar, Union
 
 import torch.distributed as _tdist
 
 from ferrodist import _native
+from ferrodist._lifetime import keep_alive_while_shared
 
 __all__ = ["HashStore", "Store"]
 
@@ -22,6 +23,7 @@ Store = _tdist.Store
 stores and ferrodist's alike."""
 
 _Value = Union[str, bytes]
+_S = TypeVar("_S", bound="_NativeBackedStore")
 
 
 class _NativeBackedStore(_tdist.Store):
@@ -31,6 +33,10 @@ class _NativeBackedStore(_tdist.Store):
         super().__init__()
         self._native = native
         super().set_timeout(native.timeout)
+
+    def __del__(self) -> None:
+        # torch may still hold this store from C++ (torch issue #120843): see _lifetime.py.
+        keep_alive_while_shared(self)
 
     def set(self, key: str, value: _Value) -> None:
         self._native.set(key, value)
@@ -95,7 +101,7 @@ class _NativeBackedStore(_tdist.Store):
         return type(self)._from_native(self._native.clone())
 
     @classmethod
-    def _from_native(cls, native: _native.NativeStore) -> _NativeBackedStore:
+    def _from_native(cls: type[_S], native: _native.NativeStore) -> _S:
         store = cls.__new__(cls)
         _NativeBackedStore.__init__(store, native)
         return store
@@ -114,3 +120,7 @@ class HashStore(_NativeBackedStore):
 
     def __init__(self) -> None:
         super().__init__(_native.hash_store())
+
+    def clone(self) -> HashStore:
+        """The store itself, as torch's ``HashStore.clone()`` returns the same object."""
+        return self

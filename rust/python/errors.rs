@@ -14,6 +14,8 @@ pyo3::import_exception!(ferrodist.errors, DistNetworkError);
 pyo3::import_exception!(ferrodist.errors, StoreTimeoutError);
 pyo3::import_exception!(ferrodist.errors, ConnectionClosedError);
 pyo3::import_exception!(ferrodist.errors, QueueEmptyError);
+// --- collectives ---
+pyo3::import_exception!(ferrodist.errors, InvalidInputError);
 
 /// Converts a core error into the Python exception a torch user expects.
 pub fn to_py(err: Error) -> PyErr {
@@ -31,5 +33,7 @@ pub fn to_py(err: Error) -> PyErr {
         Error::Protocol(_) | Error::Corrupt { .. } | Error::Store(_) | Error::Interrupted => {
             DistStoreError::new_err(message)
         }
+        Error::InvalidInput(_) => InvalidInputError::new_err(message),
+        Error::RanksMissing { .. } => StoreTimeoutError::new_err(message),
     }
 }

@@ -190,6 +190,10 @@ impl Store for ForeignStore {
         .unwrap_or(false)
     }
 
+    fn sliceable_waits(&self) -> bool {
+        false
+    }
+
     fn append(&self, key: &str, value: &[u8]) -> Result<()> {
         self.call_unit("append", |o| {
             o.call_method1("append", (key, PyBytes::new(o.py(), value)))

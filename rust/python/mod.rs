@@ -7,8 +7,16 @@ mod blocking;
 mod errors;
 mod foreign_store;
 mod store;
+// --- file and prefix stores ---
+mod store_factories;
 // --- tcp store ---
 mod tcp_store;
+// --- collectives ---
+mod bucket;
+mod collectives;
+
+// --- zero ---
+mod partition;
 
 use pyo3::prelude::*;
 
@@ -18,7 +26,15 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     store::register(m)?;
     m.add_function(wrap_pyfunction!(foreign_store::wrap_store, m)?)?;
+    // --- file and prefix stores ---
+    store_factories::register(m)?;
     // --- tcp store ---
     tcp_store::register(m)?;
+    // --- zero ---
+    m.add_function(wrap_pyfunction!(partition::sorted_greedy_partition, m)?)?;
+    m.add_function(wrap_pyfunction!(partition::assign_ddp_buckets, m)?)?;
+    // --- collectives ---
+    bucket::register(m)?;
+    collectives::register(m)?;
     Ok(())
 }

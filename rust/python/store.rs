@@ -6,28 +6,40 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
-use pyo3::types::PyBytes;
+use pyo3::types::{PyBytes, PyString};
 
 use super::blocking::{detached, detached_sliced};
 use crate::store::{HashStore, Store};
 
 /// A value as torch accepts it: `bytes` or `str` (encoded as UTF-8).
-#[derive(FromPyObject)]
-pub enum Value<'py> {
-    /// Raw bytes, used as they are.
-    Bytes(Bound<'py, PyBytes>),
-    /// Text, stored as its UTF-8 encoding.
-    Text(String),
+///
+/// Checked by type rather than by trying each conversion in turn: a failed attempt builds a
+/// Python exception, which made `set("k", "v")` several times slower.
+pub struct Value(Vec<u8>);
+
+impl Value {
+    /// The bytes to store.
+    pub fn into_vec(self) -> Vec<u8> {
+        self.0
+    }
 }
 
-impl Value<'_> {
-    /// The bytes to store.
-    pub fn to_vec(&self) -> Vec<u8> {
-        match self {
-            Value::Bytes(b) => b.as_bytes().to_vec(),
-            Value::Text(s) => s.as_bytes().to_vec(),
+impl<'a, 'py> FromPyObject<'a, 'py> for Value {
+    type Error = PyErr;
+
+    fn extract(obj: Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
+        if let Ok(text) = obj.cast::<PyString>() {
+            return Ok(Value(text.to_cow()?.as_bytes().to_vec()));
         }
+        if let Ok(bytes) = obj.cast::<PyBytes>() {
+            return Ok(Value(bytes.as_bytes().to_vec()));
+        }
+        Err(PyTypeError::new_err(format!(
+            "expected str or bytes, got {}",
+            obj.get_type().name()?
+        )))
     }
 }
 
@@ -70,20 +82,35 @@ impl PyNativeStore {
     pub fn new(inner: Arc<dyn Store>) -> Self {
         PyNativeStore { inner }
     }
+
+    /// Runs a wait of up to `timeout` with the GIL released: in Ctrl-C-checked slices where
+    /// the store allows it, else as one call.
+    fn waiting<T: Send>(
+        &self,
+        py: Python<'_>,
+        timeout: Duration,
+        mut op: impl FnMut(Duration) -> crate::error::Result<T> + Send,
+    ) -> PyResult<T> {
+        if self.inner.sliceable_waits() {
+            detached_sliced(py, timeout, op)
+        } else {
+            detached(py, move || op(timeout))
+        }
+    }
 }
 
 #[pymethods]
 impl PyNativeStore {
     /// Stores ``value`` (bytes or str) under ``key``.
-    fn set(&self, py: Python<'_>, key: &str, value: Value<'_>) -> PyResult<()> {
-        let value = value.to_vec();
+    fn set(&self, py: Python<'_>, key: &str, value: Value) -> PyResult<()> {
+        let value = value.into_vec();
         detached(py, || self.inner.set(key, &value))
     }
 
     /// Returns the value of ``key`` as bytes, waiting up to the store timeout for it.
     fn get(&self, py: Python<'_>, key: &str) -> PyResult<Vec<u8>> {
         let timeout = self.inner.timeout();
-        detached_sliced(py, timeout, |slice| self.inner.get_timeout(key, slice))
+        self.waiting(py, timeout, |slice| self.inner.get_timeout(key, slice))
     }
 
     /// Adds ``amount`` to the integer under ``key`` and returns the new value.
@@ -96,10 +123,10 @@ impl PyNativeStore {
         &self,
         py: Python<'_>,
         key: &str,
-        expected_value: Value<'_>,
-        desired_value: Value<'_>,
+        expected_value: Value,
+        desired_value: Value,
     ) -> PyResult<Vec<u8>> {
-        let (expected, desired) = (expected_value.to_vec(), desired_value.to_vec());
+        let (expected, desired) = (expected_value.into_vec(), desired_value.into_vec());
         detached(py, || self.inner.compare_set(key, &expected, &desired))
     }
 
@@ -112,7 +139,7 @@ impl PyNativeStore {
     #[pyo3(signature = (keys, timeout=None))]
     fn wait(&self, py: Python<'_>, keys: Vec<String>, timeout: Option<Timeout>) -> PyResult<()> {
         let timeout = timeout_or(&*self.inner, timeout)?;
-        detached_sliced(py, timeout, |slice| self.inner.wait(&keys, Some(slice)))
+        self.waiting(py, timeout, |slice| self.inner.wait(&keys, Some(slice)))
     }
 
     /// Removes ``key``; True iff it existed.
@@ -126,27 +153,27 @@ impl PyNativeStore {
     }
 
     /// Appends ``value`` to ``key``.
-    fn append(&self, py: Python<'_>, key: &str, value: Value<'_>) -> PyResult<()> {
-        let value = value.to_vec();
+    fn append(&self, py: Python<'_>, key: &str, value: Value) -> PyResult<()> {
+        let value = value.into_vec();
         detached(py, || self.inner.append(key, &value))
     }
 
     /// Values of every key, waiting for them up to the store timeout.
     fn multi_get(&self, py: Python<'_>, keys: Vec<String>) -> PyResult<Vec<Vec<u8>>> {
         let timeout = self.inner.timeout();
-        detached_sliced(py, timeout, |slice| self.inner.wait(&keys, Some(slice)))?;
+        self.waiting(py, timeout, |slice| self.inner.wait(&keys, Some(slice)))?;
         detached(py, || self.inner.multi_get(&keys))
     }
 
     /// Sets each key to the matching value.
-    fn multi_set(&self, py: Python<'_>, keys: Vec<String>, values: Vec<Value<'_>>) -> PyResult<()> {
-        let values: Vec<Vec<u8>> = values.iter().map(Value::to_vec).collect();
+    fn multi_set(&self, py: Python<'_>, keys: Vec<String>, values: Vec<Value>) -> PyResult<()> {
+        let values: Vec<Vec<u8>> = values.into_iter().map(Value::into_vec).collect();
         detached(py, || self.inner.multi_set(&keys, &values))
     }
 
     /// Pushes ``value`` onto the queue ``key``.
-    fn queue_push(&self, py: Python<'_>, key: &str, value: Value<'_>) -> PyResult<()> {
-        let value = value.to_vec();
+    fn queue_push(&self, py: Python<'_>, key: &str, value: Value) -> PyResult<()> {
+        let value = value.into_vec();
         detached(py, || self.inner.queue_push(key, &value))
     }
 
@@ -156,7 +183,7 @@ impl PyNativeStore {
         if block {
             let timeout = self.inner.timeout();
             let keys = [key.to_owned()];
-            detached_sliced(py, timeout, |slice| self.inner.wait(&keys, Some(slice)))?;
+            self.waiting(py, timeout, |slice| self.inner.wait(&keys, Some(slice)))?;
         }
         detached(py, || self.inner.queue_pop(key, false))
     }

@@ -15,6 +15,9 @@ use crate::error::{Error, Result};
 struct State {
     values: HashMap<String, Vec<u8>>,
     queues: HashMap<String, VecDeque<Vec<u8>>>,
+    /// Threads inside a condition-variable wait. Writers wake only when it is non-zero: a
+    /// `notify_all` is a system call even with nobody waiting, and was most of a `set`.
+    waiters: usize,
 }
 
 impl State {
@@ -68,23 +71,33 @@ impl HashStore {
         ready: impl Fn(&State) -> bool,
     ) -> std::result::Result<MutexGuard<'a, State>, MutexGuard<'a, State>> {
         while !ready(&guard) {
-            guard = match deadline.remaining() {
-                None => self
-                    .shared
-                    .changed
-                    .wait(guard)
-                    .unwrap_or_else(|p| p.into_inner()),
-                Some(left) if left.is_zero() => return Err(guard),
+            let left = deadline.remaining();
+            if left.is_some_and(|l| l.is_zero()) {
+                return Err(guard);
+            }
+            guard.waiters += 1;
+            let changed = &self.shared.changed;
+            guard = match left {
+                None => changed.wait(guard).unwrap_or_else(|p| p.into_inner()),
                 Some(left) => {
-                    self.shared
-                        .changed
+                    changed
                         .wait_timeout(guard, left)
                         .unwrap_or_else(|p| p.into_inner())
                         .0
                 }
             };
+            guard.waiters -= 1;
         }
         Ok(guard)
+    }
+
+    /// Releases the lock and wakes waiters, if there are any, to look at the new state.
+    fn publish(&self, state: MutexGuard<'_, State>) {
+        let anyone_waiting = state.waiters > 0;
+        drop(state);
+        if anyone_waiting {
+            self.shared.changed.notify_all();
+        }
     }
 
     fn wait_for_keys(&self, keys: &[String], timeout: Duration, op: &str) -> Result<()> {
@@ -103,19 +116,22 @@ impl HashStore {
 
 impl Store for HashStore {
     fn set(&self, key: &str, value: &[u8]) -> Result<()> {
-        self.lock().values.insert(key.to_owned(), value.to_vec());
-        self.shared.changed.notify_all();
+        let mut state = self.lock();
+        state.values.insert(key.to_owned(), value.to_vec());
+        self.publish(state);
         Ok(())
     }
 
     fn get_timeout(&self, key: &str, timeout: Duration) -> Result<Vec<u8>> {
-        let keys = [key.to_owned()];
         let guard = self.lock();
+        if let Some(value) = guard.values.get(key) {
+            return Ok(value.clone());
+        }
         match self.wait_until(guard, Deadline::after(timeout), |s| {
             s.values.contains_key(key)
         }) {
             Ok(state) => Ok(state.values[key].clone()),
-            Err(_) => Err(Error::wait_timeout("get", timeout, &keys)),
+            Err(_) => Err(Error::wait_timeout("get", timeout, &[key.to_owned()])),
         }
     }
 
@@ -130,8 +146,7 @@ impl Store for HashStore {
         state
             .values
             .insert(key.to_owned(), next.to_string().into_bytes());
-        drop(state);
-        self.shared.changed.notify_all();
+        self.publish(state);
         Ok(next)
     }
 
@@ -149,8 +164,7 @@ impl Store for HashStore {
             }
             Some(current) => current.clone(),
         };
-        drop(state);
-        self.shared.changed.notify_all();
+        self.publish(state);
         Ok(result)
     }
 
@@ -196,12 +210,13 @@ impl Store for HashStore {
     }
 
     fn append(&self, key: &str, value: &[u8]) -> Result<()> {
-        self.lock()
+        let mut state = self.lock();
+        state
             .values
             .entry(key.to_owned())
             .or_default()
             .extend_from_slice(value);
-        self.shared.changed.notify_all();
+        self.publish(state);
         Ok(())
     }
 
@@ -235,19 +250,19 @@ impl Store for HashStore {
         for (k, v) in keys.iter().zip(values) {
             state.values.insert(k.clone(), v.clone());
         }
-        drop(state);
-        self.shared.changed.notify_all();
+        self.publish(state);
         Ok(())
     }
 
     fn queue_push(&self, key: &str, value: &[u8]) -> Result<()> {
-        self.lock()
+        let mut state = self.lock();
+        state
             .queues
             .entry(key.to_owned())
             .or_default()
             .push_back(value.to_vec());
         // Wake everyone: a waiter on a plain key shares the condition variable.
-        self.shared.changed.notify_all();
+        self.publish(state);
         Ok(())
     }
 

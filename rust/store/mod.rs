@@ -12,13 +12,20 @@
 //!   wait) or torch's `NotImplemented` error (queues, list_keys).
 
 pub mod hash;
+// --- file and prefix stores ---
+pub mod file;
+mod file_lock;
+pub mod file_log;
+pub mod prefix;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
 
+pub use file::FileStore;
 pub use hash::HashStore;
+pub use prefix::PrefixStore;
 
 /// torch's `kDefaultTimeout`: 300 s for every store unless set otherwise.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
@@ -172,6 +179,14 @@ pub trait Store: Send + Sync {
         ))
     }
 
+    /// Whether a long wait may be run as repeated short waits (see [`sliced`]), so Python can
+    /// check for Ctrl-C in between. False where each call has a cost of its own: a foreign
+    /// Python store (torch's TCPStore logs a warning per timed-out slice, torch's FileStore
+    /// rounds each slice up to a whole second).
+    fn sliceable_waits(&self) -> bool {
+        true
+    }
+
     /// Blocks until `world_size` callers have reached the barrier named `key`.
     /// Default: torch's fallback from add + wait on `key/num_members` and `key/last_member`.
     fn barrier(&self, key: &str, world_size: i64, timeout: Option<Duration>) -> Result<()> {
@@ -227,15 +242,19 @@ pub fn sliced<T>(
 /// sign, then the longest run of digits. A missing or empty value counts as 0 only where the
 /// caller decides so; here empty and non-numeric values are an error.
 pub fn parse_counter(key: &str, value: &[u8]) -> Result<i64> {
-    let text = std::str::from_utf8(value).unwrap_or("");
-    let trimmed = text.trim_start();
-    let (sign, digits) = match trimmed.as_bytes().first() {
-        Some(b'-') => (-1i128, &trimmed[1..]),
-        Some(b'+') => (1i128, &trimmed[1..]),
-        _ => (1i128, trimmed),
+    // Bytes, not text: a value that is not UTF-8 after its digits still parses, as with stoll.
+    let start = value
+        .iter()
+        .position(|b| !matches!(b, b' ' | b'\t' | b'\n' | 0x0b | 0x0c | b'\r'))
+        .unwrap_or(value.len());
+    let rest = &value[start..];
+    let (sign, digits) = match rest.first() {
+        Some(b'-') => (-1i128, &rest[1..]),
+        Some(b'+') => (1i128, &rest[1..]),
+        _ => (1i128, rest),
     };
-    let run: &str = &digits[..digits
-        .bytes()
+    let run = &digits[..digits
+        .iter()
         .position(|b| !b.is_ascii_digit())
         .unwrap_or(digits.len())];
     let bad = || {
@@ -247,7 +266,10 @@ pub fn parse_counter(key: &str, value: &[u8]) -> Result<i64> {
     if run.is_empty() {
         return Err(bad());
     }
-    let magnitude: i128 = run.parse().map_err(|_| bad())?;
+    let magnitude: i128 = std::str::from_utf8(run)
+        .expect("ASCII digits")
+        .parse()
+        .map_err(|_| bad())?;
     i64::try_from(sign * magnitude).map_err(|_| bad())
 }
 
@@ -260,6 +282,7 @@ mod tests {
         assert_eq!(parse_counter("k", b"12abc").unwrap(), 12);
         assert_eq!(parse_counter("k", b"  +7").unwrap(), 7);
         assert_eq!(parse_counter("k", b"-3").unwrap(), -3);
+        assert_eq!(parse_counter("k", b"\t-3\0\xff").unwrap(), -3);
         assert!(parse_counter("k", b"").is_err());
         assert!(parse_counter("k", b"abc").is_err());
         assert!(parse_counter("k", b"99999999999999999999").is_err());

@@ -15,12 +15,9 @@
 //! Any protocol breach closes this connection only; the server and other clients carry on.
 
 use std::collections::VecDeque;
-use std::future::Future;
 use std::net::SocketAddr;
-use std::task::Poll;
 
 use bytes::BytesMut;
-use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 
 use super::codec::{
@@ -89,18 +86,14 @@ impl Handler {
 
     /// Serves the connection until the peer leaves, breaks the protocol, or shutdown.
     pub async fn run(mut self, mut shutdown: Shutdown) {
-        let outcome = tokio::select! {
-            outcome = self.serve() => outcome,
-            _ = shutdown.recv() => Ok(()),
-        };
-        match outcome {
+        match self.serve(&mut shutdown).await {
             Ok(()) => tracing::debug!(peer = %self.peer, "connection closed"),
             Err(Closed::Io(err)) => tracing::debug!(peer = %self.peer, %err, "connection lost"),
             Err(err) => tracing::warn!(peer = %self.peer, %err, "closing connection"),
         }
     }
 
-    async fn serve(&mut self) -> Result<(), Closed> {
+    async fn serve(&mut self, shutdown: &mut Shutdown) -> Result<(), Closed> {
         loop {
             self.process_buffered()?;
             if !self.output.is_empty() {
@@ -108,9 +101,8 @@ impl Handler {
                 // More requests may be buffered behind the ones just answered.
                 continue;
             }
-            if self.input.is_empty() {
-                // A connection at rest holds no read buffer (thousands of ranks sit in WAIT at
-                // a rendezvous); one is allocated when bytes are readable.
+            if self.input.is_empty() && self.input.capacity() > 0 {
+                // Thousands of ranks sit idle or waiting between requests: hold no buffer then.
                 self.input = BytesMut::new();
             }
             let need = match scan_request(&self.input, &self.limits)? {
@@ -121,22 +113,22 @@ impl Handler {
             tokio::select! {
                 ready = self.stream.readable() => {
                     ready?;
-                    let want = need.saturating_sub(self.input.len()).clamp(MIN_READ, READ_CHUNK);
-                    self.input.reserve(want);
-                    // One poll of a read: a short read clears the readiness (no EAGAIN read
-                    // after every request, as `try_read` would cost); spurious readiness reads
-                    // nothing and loops.
-                    let mut read = std::pin::pin!(self.stream.read_buf(&mut self.input));
-                    match std::future::poll_fn(|cx| Poll::Ready(read.as_mut().poll(cx))).await {
-                        Poll::Ready(Ok(0)) => return Ok(()),
-                        Poll::Ready(Ok(_)) | Poll::Pending => {}
-                        Poll::Ready(Err(err)) => return Err(err.into()),
+                    // The buffer is allocated only once bytes are there to fill it.
+                    self.input.reserve(
+                        need.saturating_sub(self.input.len()).clamp(MIN_READ, READ_CHUNK),
+                    );
+                    match self.stream.try_read_buf(&mut self.input) {
+                        Ok(0) => return Ok(()),
+                        Ok(_) => {}
+                        Err(err) if err.kind() == std::io::ErrorKind::WouldBlock => {}
+                        Err(err) => return Err(err.into()),
                     }
                 }
                 _ = async { waiting.expect("guarded").released().await }, if waiting.is_some() => {
                     self.waiting = None;
                     self.output.put_u8(STOP_WAITING);
                 }
+                _ = shutdown.recv() => return Ok(()),
             }
         }
     }

@@ -18,12 +18,16 @@
 //! * [`store`]: [`TcpStore`], the blocking torch-compatible [`crate::store::Store`] over a
 //!   client (user keys get torch's `/` prefix), hosting a server when it is the master.
 //! * [`shutdown`]: the stop signal and drain used by the server.
+//! * [`cli`]: `ServerArgs` and `run_until_signal`, shared by the binary and the console script.
 //!
 //! # Files
 //!
-//! `codec.rs` wire format; `state.rs` shared state; `handler.rs` one connection;
-//! `outbox.rs` replies not yet written; `server.rs` listener; `shutdown.rs` stop + drain; `client.rs` async client; `store.rs`
-//! blocking Store facade.
+//! * `codec/`: wire format (`request.rs`, `reply.rs`, shared primitives in `mod.rs`).
+//! * `state.rs`: the server's shared map, queues and waiters.
+//! * `handler.rs`: one connection; `outbox.rs`: its replies not yet written.
+//! * `server.rs`: bind and accept; `shutdown.rs`: stop signal and drain.
+//! * `client.rs`: async client; `store.rs` + `store_impl.rs`: blocking Store facade.
+//! * `cli.rs`: the `ferrodist-store` command line (binary and console script).
 
 pub mod cli;
 pub mod client;

@@ -15,8 +15,6 @@ use super::codec::Reply;
 
 /// Values at least this long are written from shared memory instead of being copied.
 const SHARE_AT_BYTES: usize = 4 * 1024;
-/// An idle connection keeps at most this much buffer capacity.
-const IDLE_CAPACITY: usize = 4 * 1024;
 
 /// Replies not yet written.
 #[derive(Default)]
@@ -72,7 +70,7 @@ impl Outbox {
         }
     }
 
-    /// Writes everything queued, then gives back memory beyond a small idle buffer.
+    /// Writes everything queued, then gives its buffer back.
     pub async fn write_to<W: AsyncWriteExt + Unpin>(
         &mut self,
         sink: &mut W,
@@ -85,9 +83,8 @@ impl Outbox {
             sink.write_all(&self.small).await?;
             self.small.clear();
         }
-        if self.small.capacity() > IDLE_CAPACITY {
-            self.small = BytesMut::new();
-        }
+        // Hold no buffer between replies: most connections are idle most of the time.
+        self.small = BytesMut::new();
         Ok(())
     }
 }

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
 import threading
 import time
@@ -143,3 +145,19 @@ def test_clone_is_a_client_of_the_same_server() -> None:
     assert clone.port == store.port
     clone.set("c", "1")
     assert store.get("c") == b"1"
+
+
+def test_ctrl_c_interrupts_a_long_get_and_the_store_stays_usable() -> None:
+    store = master()
+    store.set_timeout(timedelta(seconds=30))
+    timer = threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGINT))
+    timer.start()
+    started = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        store.get("never")
+    assert time.monotonic() - started < 5
+    timer.join()
+    # The abandoned wait is cancelled on the next call; the connection carries on.
+    store.set("after", "1")
+    assert store.get("after") == b"1"
+    assert store.add("n", 2) == 2

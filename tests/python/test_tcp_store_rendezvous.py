@@ -95,7 +95,9 @@ def test_torchrun_c10d_rendezvous_against_ferrodist_store(tmp_path: Path) -> Non
             timeout=120,
         )
         assert run.returncode == 0, run.stderr[-4000:]
-        lines = sorted(line for line in run.stdout.splitlines() if " sum " in line)
-        assert lines == _expected_lines()
+        # Both workers print to the one inherited stdout; match each line as a substring in
+        # case their writes interleave.
+        for expected in _expected_lines():
+            assert expected in run.stdout, (run.stdout, run.stderr[-4000:])
         keys = _keys_on(server.port)
         assert any("ferrodist-test" in key for key in keys), keys

@@ -1,0 +1,98 @@
+"""Keeps a ferrodist store alive for as long as torch's C++ code still uses it.
+
+ferrodist's stores are Python subclasses of ``torch.distributed.Store``. When torch takes one
+(``init_process_group(store=...)``, ``torch.distributed.PrefixStore(...)``, ``new_group()``) it
+keeps a C++ reference to the C++ half of the object, but not to the Python half that holds our
+methods. If the caller drops its last Python reference (``init_process_group(store=FileStore(
+...))``), Python frees that half, and every later call from torch fails with
+``INTERNAL ASSERT FAILED ... Not implemented`` (torch issue #120843; ``new_group()`` is where it
+usually shows).
+
+The fix: when the Python half is about to be freed (``__del__``), we read the C++ reference
+count; if torch still holds the object we resurrect it into ``_pinned``. A sweep, run after each
+garbage collection, releases pinned stores once torch has let go (e.g. after
+``destroy_process_group()``), so a ``FileStore`` is still cleaned up when torch would clean up
+its own.
+
+Reading the count relies on pybind11's instance layout and c10's reference count word. Both are
+checked once against a probe store at first use; if the check fails, a store still in use is
+kept for the life of the process instead (always safe, but the file of a FileStore handed to
+torch then stays).
+"""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import gc
+import sys
+from typing import Any, Optional
+
+import torch.distributed as _tdist
+
+__all__ = ["keep_alive_while_shared"]
+
+# Offset of the C++ value pointer in a pybind11 instance: just after PyObject_HEAD.
+_VALUE_OFFSET = object.__basicsize__
+# c10::intrusive_ptr_target: a vtable pointer, then the combined count word whose low 32 bits
+# are the strong count.
+_COUNT_OFFSET = ctypes.sizeof(ctypes.c_void_p)
+
+_pinned: set[Any] = set()
+_layout_checked: Optional[bool] = None
+
+
+def _strong_count(obj: object) -> Optional[int]:
+    """The C++ strong reference count of a torch store object, or None if it has no C++ half."""
+    value = ctypes.c_void_p.from_address(id(obj) + _VALUE_OFFSET).value
+    if not value:
+        return None
+    return ctypes.c_uint64.from_address(value + _COUNT_OFFSET).value & 0xFFFFFFFF
+
+
+class _Probe(_tdist.Store):
+    pass
+
+
+def _layout_ok() -> bool:
+    """Checks once that the count we read moves as torch takes and drops references."""
+    global _layout_checked
+    if _layout_checked is None:
+        try:
+            probe = _Probe()
+            alone = _strong_count(probe)
+            held = _tdist.PrefixStore("probe", probe)
+            shared = _strong_count(probe)
+            del held
+            _layout_checked = (alone, shared, _strong_count(probe)) == (1, 2, 1)
+        except Exception:  # any surprise means: do not trust the layout
+            _layout_checked = False
+    return _layout_checked
+
+
+def keep_alive_while_shared(store: object) -> None:
+    """Called from a store's ``__del__``: resurrects it if torch's C++ code still holds it."""
+    if sys.is_finalizing():
+        return
+    if _layout_ok():
+        count = _strong_count(store)
+        if count is not None and count > 1:
+            _pinned.add(store)
+    elif _strong_count(store) is not None:
+        _pinned.add(store)
+
+
+def _sweep(phase: str, info: dict[str, int]) -> None:
+    """Releases pinned stores that torch no longer holds (runs after each collection)."""
+    if phase != "stop" or not _pinned or not _layout_checked:
+        return
+    for store in list(_pinned):
+        count = _strong_count(store)
+        if count is None or count <= 1:
+            _pinned.discard(store)
+
+
+_layout_ok()  # a few microseconds; done now so no __del__ ever builds the probe
+gc.callbacks.append(_sweep)
+# At exit, let go as an ordinary Python reference would be let go, so files get cleaned up.
+atexit.register(_pinned.clear)

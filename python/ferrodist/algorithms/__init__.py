@@ -1,0 +1,1 @@
+"""Training algorithms built on ferrodist's DDP (mirrors ``torch.distributed.algorithms``)."""

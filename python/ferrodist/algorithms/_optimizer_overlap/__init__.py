@@ -1,0 +1,1 @@
+"""Optimizer overlap: step the optimizer inside DDP's communication hook."""

@@ -1,0 +1,108 @@
+"""Communication hooks: the built-in ones and the checks on user hooks.
+
+A hook is ``hook(state, bucket) -> torch.futures.Future[torch.Tensor]``. The Reducer calls the
+registered hook once per bucket, as soon as the bucket's last gradient is ready; with no hook it
+runs a plain sum all-reduce (the gradients were already divided by the world size while being
+copied into the bucket, as torch does). One hook per Reducer, registered before training.
+"""
+
+from __future__ import annotations
+
+import enum
+import inspect
+from typing import Any, Callable
+
+import torch
+import torch.distributed as tdist
+
+from ferrodist.ddp.grad_bucket import GradBucket
+
+CommHook = Callable[[Any, GradBucket], "torch.futures.Future[torch.Tensor]"]
+
+
+class BuiltinCommHookType(enum.Enum):
+    """Hooks the Reducer runs without calling into user Python (torch's enum, same values)."""
+
+    ALLREDUCE = 1
+    FP16_COMPRESS = 2
+
+    def __int__(self) -> int:
+        return int(self.value)
+
+    def __str__(self) -> str:
+        return f"BuiltinCommHookType.{self.name}"
+
+
+def allreduce_sum_future(
+    process_group: Any, tensor: torch.Tensor
+) -> torch.futures.Future[torch.Tensor]:
+    """Start a SUM all-reduce of ``tensor`` in place; the future yields ``tensor``."""
+    work = tdist.all_reduce(tensor, group=process_group, async_op=True)
+    assert work is not None
+    return work.get_future().then(lambda fut: fut.value()[0])
+
+
+def builtin_allreduce(process_group: Any, bucket: GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """``ALLREDUCE``: divide by the group size, then sum."""
+    buffer = bucket.buffer()
+    buffer.div_(process_group.size())
+    return allreduce_sum_future(process_group, buffer)
+
+
+def builtin_fp16_compress(
+    process_group: Any, bucket: GradBucket
+) -> torch.futures.Future[torch.Tensor]:
+    """``FP16_COMPRESS``: sum a float16 copy divided by the group size, copy the result back."""
+    buffer = bucket.buffer()
+    compressed = buffer.to(torch.float16).div_(process_group.size())
+
+    def decompress(fut: torch.futures.Future[torch.Tensor]) -> torch.Tensor:
+        buffer.copy_(fut.value())
+        return buffer
+
+    return allreduce_sum_future(process_group, compressed).then(decompress)
+
+
+def resolve_builtin(comm_hook_type: Any) -> BuiltinCommHookType | None:
+    """Map ours or torch's ``BuiltinCommHookType`` to ours; ``None`` when unknown."""
+    try:
+        return BuiltinCommHookType(int(comm_hook_type))
+    except (TypeError, ValueError):
+        return None
+
+
+def check_comm_hook(hook: Any) -> None:
+    """Validate a user hook the way torch's ``DistributedDataParallel._check_comm_hook`` does."""
+    if not callable(hook):
+        raise TypeError("Communication hook must be callable.")
+    sig = inspect.signature(hook)
+    annotation = sig.parameters["bucket"].annotation
+    if annotation not in (inspect.Parameter.empty, GradBucket, tdist.GradBucket):
+        raise ValueError("Communication hook: bucket annotation should be dist.GradBucket.")
+    if sig.return_annotation not in (
+        inspect.Signature.empty,
+        torch.futures.Future[torch.Tensor],
+    ):
+        raise ValueError(
+            "Communication hook: return annotation should be torch.futures.Future[torch.Tensor]."
+        )
+    if getattr(hook, "__name__", "") in ("bf16_compress_hook", "bf16_compress_wrapper_hook"):
+        cuda = torch.version.cuda is not None or torch.version.hip is not None
+        nccl = tdist.is_nccl_available() and torch.cuda.nccl.version() >= (2, 10)
+        if not (cuda and nccl):
+            raise TypeError(
+                "BF16 all reduce communication hook required CUDA 11+ and NCCL 2.10+ "
+                "or XPU and XCCL"
+            )
+
+
+def hook_result_tensor(value: Any) -> torch.Tensor:
+    """The tensor a hook's future produced (a tensor, or a one-element list of tensors)."""
+    if isinstance(value, torch.Tensor):
+        return value
+    if isinstance(value, (list, tuple)) and len(value) == 1 and isinstance(value[0], torch.Tensor):
+        return value[0]
+    raise RuntimeError(
+        "The comm hook's future must hold a tensor or a list of one tensor, got "
+        f"{type(value).__name__}."
+    )

@@ -1,0 +1,409 @@
+"""``Reducer``: averages gradients across ranks bucket by bucket, while backward still runs.
+
+Each parameter gets a post-accumulate-grad hook. When it fires, the gradient is copied into its
+bucket (divided by the world size unless a comm hook is registered, which then averages
+itself); when a bucket's last gradient is in, and every earlier bucket has been launched, the
+bucket's all-reduce (or comm hook) starts. Later layers' buckets therefore travel while autograd
+is still computing earlier layers. At the end of backward (an autograd-engine callback) the
+Reducer waits for every bucket and writes the averaged values back into ``param.grad``.
+
+After the first iteration the buckets are rebuilt once in the order gradients actually arrived
+(rank 0's order wins), so bucket 0 really is the first to fill. With ``find_unused_parameters``
+the parameters the forward pass did not reach are marked ready up front, and a per-parameter
+"used" count is summed across ranks so a parameter unused everywhere keeps its ``.grad``
+untouched. With a static graph the first iteration only records which hooks fire, and reduces
+everything in one go at its end. Semantics follow torch's C++ ``Reducer`` (see
+``shared/design/torch-semantics.md`` sections 2.4 and 5).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Mapping, Optional, Sequence
+
+import torch
+import torch.distributed as tdist
+
+from ferrodist.ddp import _bucket_assignment, comm_hook
+from ferrodist.ddp.bucket import Bucket
+from ferrodist.ddp.bucket_sync import broadcast_bucket_layout
+from ferrodist.ddp.grad_bucket import GradBucket
+from ferrodist.ddp.reducer_join import ReducerJoinSupport
+from ferrodist.ddp.reducer_state import RuntimeTimes, unfinished_reduction_message
+from ferrodist.ddp.unused import reachable_parameters
+
+
+def _engine_callback(fn: Callable[[], None]) -> None:
+    """Run ``fn`` once the current backward pass has finished."""
+    torch.autograd.Variable._execution_engine.queue_callback(fn)  # type: ignore[attr-defined]
+
+
+class Reducer(ReducerJoinSupport):
+    """Gradient bucketing and all-reduce for DDP; torch's ``dist.Reducer`` signature."""
+
+    def __init__(
+        self,
+        params: Sequence[torch.Tensor],
+        bucket_indices: Sequence[Sequence[int]],
+        per_bucket_size_limits: Sequence[int],
+        process_group: Any,
+        expect_sparse_gradients: Sequence[bool] = (),
+        bucket_bytes_cap: int = 26214400,
+        find_unused_parameters: bool = False,
+        gradient_as_bucket_view: bool = False,
+        param_to_name_mapping: Optional[Mapping[int, str]] = None,
+        first_bucket_bytes_cap: int = _bucket_assignment.DEFAULT_FIRST_BUCKET_BYTES,
+        skip_all_reduce_unused_params: bool = False,
+        use_python_reducer: bool = False,
+        bucket_bytes_cap_list: Sequence[int] = (),
+        batched_grad_copy: bool = False,
+    ) -> None:
+        if any(expect_sparse_gradients):
+            raise NotImplementedError("ferrodist's Reducer does not reduce sparse gradients yet.")
+        if len(per_bucket_size_limits) != len(bucket_indices):
+            raise ValueError("per_bucket_size_limits must have one entry per bucket.")
+        self._params = list(params)
+        self._process_group = process_group
+        self._bucket_bytes_cap = int(bucket_bytes_cap)
+        self._first_bucket_bytes_cap = int(first_bucket_bytes_cap)
+        self._bucket_bytes_cap_list = [int(x) for x in bucket_bytes_cap_list]
+        self._find_unused = bool(find_unused_parameters)
+        self._skip_unused = bool(skip_all_reduce_unused_params)
+        self._as_bucket_view = bool(gradient_as_bucket_view)
+        self._names = dict(param_to_name_mapping or {})
+        self._index_of = {id(p): i for i, p in enumerate(self._params)}
+        self._comm_hook: Optional[Callable[[GradBucket], Any]] = None
+        self._comm_hook_kind = ""
+        self._static_graph = False
+        self._num_bwd_calls = 0
+        self._num_iterations = 0
+        self._hook_counts = [0] * len(self._params)
+        self._hook_counts_left: list[int] = []
+        self._expect_hooks = False
+        self._require_finalize = False
+        self._ready: set[int] = set()
+        self._unused: list[int] = []
+        self._marked_unused = False
+        self._local_used = torch.zeros(len(self._params), dtype=torch.int32)
+        self._global_used: Optional[torch.Tensor] = None
+        self._used_work: Any = None
+        self._div_factor: Optional[int] = None
+        self._forward_work: Any = None
+        self._static_world_size = True
+        self._has_rebuilt = False
+        self._rebuilt_indices: list[int] = []
+        self._grad_ready_order: list[int] = []
+        self._num_buckets_reduced = 0
+        self.times = RuntimeTimes()
+        self.logger: Any = None
+        self._initialize_buckets(bucket_indices, per_bucket_size_limits)
+        self._hook_handles = [
+            p.register_post_accumulate_grad_hook(self._make_hook(i))
+            for i, p in enumerate(self._params)
+        ]
+
+    # ---- buckets ----------------------------------------------------------------------------
+
+    def _initialize_buckets(
+        self, bucket_indices: Sequence[Sequence[int]], limits: Sequence[int]
+    ) -> None:
+        self._buckets = [
+            Bucket.build(self._params, list(idx), int(lim))
+            for idx, lim in zip(bucket_indices, limits)
+        ]
+        self._locator: dict[int, tuple[int, int]] = {}
+        for b, bucket in enumerate(self._buckets):
+            for pos, var in enumerate(bucket.variable_indices):
+                self._locator[var] = (b, pos)
+        if sorted(self._locator) != list(range(len(self._params))) or len(self._locator) != sum(
+            len(b.variable_indices) for b in self._buckets
+        ):
+            raise ValueError("bucket_indices must name every parameter index exactly once.")
+        if self._as_bucket_view:
+            for bucket in self._buckets:
+                for p, view in zip(bucket.parameters, bucket.views_in):
+                    if p.grad is not None:
+                        view.copy_(p.grad)
+                        p.grad = view
+        self._reset_bucket_counting()
+
+    def _reset_bucket_counting(self) -> None:
+        self._next_bucket = 0
+        for bucket in self._buckets:
+            bucket.pending = len(bucket.variable_indices)
+            bucket.future = None
+        if self._static_graph and self._num_bwd_calls > 0:
+            self._hook_counts_left = list(self._hook_counts)
+
+    def _bucket_limits_for_rebuild(self) -> list[int]:
+        if self._bucket_bytes_cap_list:
+            return list(self._bucket_bytes_cap_list)
+        return [self._first_bucket_bytes_cap, self._bucket_bytes_cap]
+
+    def _should_rebuild(self) -> bool:
+        return (self._static_graph or not self._find_unused) and not self._has_rebuilt
+
+    def _rebuild_buckets(self) -> bool:
+        """Rebuild once, in gradient-arrival order agreed from rank 0; True if it happened."""
+        self._ensure_prior_reduction_finished()
+        if not self._should_rebuild() or not self._rebuilt_indices:
+            return False
+        if len(self._rebuilt_indices) != len(self._params):
+            raise RuntimeError(
+                "rebuilt parameter indices size is not same as original model parameters size."
+                f"Original model param size is: {len(self._params)} versus rebuilt params size "
+                f"of: {len(self._rebuilt_indices)}"
+            )
+        order = self._rebuilt_indices
+        indices, limits = _bucket_assignment.assign_buckets(
+            [self._params[i] for i in order], self._bucket_limits_for_rebuild(), [], order
+        )
+        indices, limits = broadcast_bucket_layout(
+            self._process_group, indices, limits, self._params[0].device
+        )
+        self._rebuilt_indices = []
+        self._has_rebuilt = True
+        self._initialize_buckets(indices, limits)
+        return True
+
+    # ---- iteration ----------------------------------------------------------------------------
+
+    def prepare_for_forward(self) -> None:
+        """Count the iteration and stamp the forward start."""
+        self._num_iterations += 1
+        self.times.forward_start = time.perf_counter_ns()
+
+    def prepare_for_backward(self, outputs: Sequence[torch.Tensor] = ()) -> None:
+        """Arm the hooks for the next backward; find unused parameters from ``outputs``."""
+        self._ensure_prior_reduction_finished()
+        self.times.backward_compute_start = time.perf_counter_ns()
+        self.times.comm_start = 0
+        self._expect_hooks = True
+        self._grad_ready_order = []
+        self._reset_bucket_counting()
+        self._marked_unused = False
+        self._ready = set()
+        if self._static_graph:
+            self._num_bwd_calls += 1
+        if not self._static_graph and self._find_unused:
+            used = reachable_parameters(outputs)
+            self._unused = [i for i, p in enumerate(self._params) if id(p) not in used]
+
+    def _ensure_prior_reduction_finished(self) -> None:
+        if self._require_finalize:
+            missing = [i for i in range(len(self._params)) if i not in self._ready]
+            raise RuntimeError(
+                unfinished_reduction_message(
+                    self._static_graph, self._find_unused, self._rank(), missing, self._names
+                )
+            )
+
+    def _rank(self) -> int:
+        return int(tdist.get_rank(self._process_group))
+
+    def _dynamic_find_unused(self) -> bool:
+        return self._find_unused and not self._static_graph
+
+    def _static_first_iteration(self) -> bool:
+        return self._static_graph and self._num_bwd_calls == 1
+
+    def _make_hook(self, index: int) -> Callable[[torch.Tensor], None]:
+        def hook(_param: torch.Tensor) -> None:
+            self._autograd_hook(index)
+
+        return hook
+
+    def _autograd_hook(self, index: int) -> None:
+        with torch.no_grad():
+            if self._dynamic_find_unused() or self._static_first_iteration():
+                self._local_used[index] = 1
+            if self._static_first_iteration():
+                self._hook_counts[index] += 1
+                return
+            if not self._expect_hooks:
+                return
+            self._grad_ready_order.append(index)
+            if not self._marked_unused:
+                self._marked_unused = True
+                for unused in self._unused:
+                    self._mark_variable_ready(unused)
+            if self._static_graph:
+                self._hook_counts_left[index] -= 1
+                if self._hook_counts_left[index] != 0:
+                    return
+            if self._should_rebuild():
+                self._rebuilt_indices.append(index)
+            self._mark_variable_ready(index)
+
+    def _set_divide_factor(self) -> None:
+        if self._div_factor is not None:
+            return
+        self._div_factor = int(self._process_group.size())
+        if self._forward_work is not None and not self._static_world_size:
+            self._forward_work.wait()
+            self._div_factor = int(self._forward_work.result()[0].item())
+
+    def _mark_variable_ready(self, index: int) -> None:
+        if index in self._ready:
+            name = self._names.get(index, str(index))
+            raise RuntimeError(
+                f"Expected to mark a variable ready only once. Parameter {name} (index {index}) "
+                "was marked ready twice in one iteration; if the model reuses a module or "
+                "runs backward twice, consider static_graph=True."
+            )
+        self._ready.add(index)
+        self._require_finalize = True
+        self._set_divide_factor()
+        self._copy_grad_to_bucket(index)
+        b, _ = self._locator[index]
+        self._buckets[b].pending -= 1
+        if self._buckets[b].pending == 0:
+            self._launch_ready_buckets()
+        if self._next_bucket == len(self._buckets):
+            if self._dynamic_find_unused():
+                self._all_reduce_local_used_map()
+            _engine_callback(self._end_of_backward)
+
+    def _copy_grad_to_bucket(self, index: int) -> None:
+        b, pos = self._locator[index]
+        self._buckets[b].copy_in(
+            pos,
+            self._params[index],
+            None if self._comm_hook is not None else (self._div_factor or 1),
+            self._as_bucket_view,
+        )
+
+    def _launch_ready_buckets(self) -> None:
+        while (
+            self._next_bucket < len(self._buckets) and self._buckets[self._next_bucket].pending == 0
+        ):
+            self._all_reduce_bucket(self._next_bucket)
+            self._next_bucket += 1
+
+    def _all_reduce_bucket(self, b: int) -> None:
+        if self.times.comm_start == 0:
+            self.times.comm_start = time.perf_counter_ns()
+        bucket = self._buckets[b]
+        self._num_buckets_reduced += 1
+        bucket.future = self._run_comm_hook(
+            bucket.grad_bucket(b, len(self._buckets), bucket.buffer)
+        )
+
+    def _run_comm_hook(self, grad_bucket: GradBucket) -> Any:
+        """Run the registered hook (or the default sum all-reduce) on one bucket."""
+        if self._comm_hook is None:
+            return comm_hook.allreduce_sum_future(self._process_group, grad_bucket.buffer())
+        return self._comm_hook(grad_bucket)
+
+    def _all_reduce_local_used_map(self) -> None:
+        # on the parameters' device: NCCL reduces only device tensors
+        self._global_used = self._local_used.to(self._params[0].device, copy=True)
+        self._used_work = tdist.all_reduce(
+            self._global_used, group=self._process_group, async_op=True
+        )
+
+    def _end_of_backward(self) -> None:
+        self.times.backward_compute_end = time.perf_counter_ns()
+        if self._static_graph and self._should_rebuild():
+            self._rebuilt_indices.extend(self._unused)
+        self._finalize_backward()
+
+    def _delay_all_reduce(self) -> None:
+        """Static graph, first iteration: reduce every bucket once backward has finished."""
+        self.times.backward_compute_end = time.perf_counter_ns()
+        self._all_reduce_local_used_map()
+        self._unused = [i for i, n in enumerate(self._hook_counts) if n == 0]
+        self._require_finalize = True
+        with torch.no_grad():
+            for index in range(len(self._params)):
+                self._ready.add(index)
+                self._set_divide_factor()
+                self._copy_grad_to_bucket(index)
+            for b in range(len(self._buckets)):
+                self._all_reduce_bucket(b)
+        self._next_bucket = len(self._buckets)
+        self._finalize_backward()
+
+    def _finalize_backward(self) -> None:
+        self._expect_hooks = False
+        self._require_finalize = False
+        with torch.no_grad():
+            for bucket in self._buckets:
+                assert bucket.future is not None
+                result = comm_hook.hook_result_tensor(bucket.future.wait())
+                if self._comm_hook is not None or result is not bucket.buffer:
+                    bucket.views_out = bucket.views_of(result.view(-1))
+                bucket.write_back(self._as_bucket_view, self._globally_unused)
+                bucket.views_out = bucket.views_in
+        if self._used_work is not None:
+            self._used_work.wait()
+            self._used_work = None
+        if self._dynamic_find_unused():
+            self._local_used.zero_()
+        self._div_factor = None
+        self._forward_work = None
+        self.times.comm_end = time.perf_counter_ns()
+
+    def _globally_unused(self, index: int) -> bool:
+        if not (self._static_graph or self._find_unused) or self._local_used[index] != 0:
+            return False
+        if self._used_work is not None:
+            self._used_work.wait()
+            self._used_work = None
+        return self._global_used is not None and int(self._global_used[index]) == 0
+
+    # ---- hooks, static graph, logging -------------------------------------------------
+
+    def _set_comm_hook(self, hook: Callable[[GradBucket], Any], kind: str) -> None:
+        if self._comm_hook is not None:
+            first, second = (
+                ("register_builtin_comm_hook", "register_comm_hook")
+                if kind == "builtin"
+                else ("register_comm_hook", "register_builtin_comm_hook")
+            )
+            raise RuntimeError(f"{first} or {second} can only be called once.")
+        self._comm_hook = hook
+        self._comm_hook_kind = kind
+
+    def _set_static_graph(self) -> None:
+        """Declare the graph static; must come before the first iteration."""
+        if self._num_iterations > 0:
+            raise RuntimeError(
+                "set_static_graph() should be called before training loop starts "
+                "and after DistributedDataParallel is constructed."
+            )
+        self._static_graph = True
+
+    def _ddp_graph_static(self) -> bool:
+        """Whether every iteration so far used the same parameters (torch's heuristic)."""
+        return self._num_iterations > 0 and not self._unused
+
+    def _check_reducer_finalized(self) -> None:
+        if self._require_finalize:
+            self._ensure_prior_reduction_finished()
+
+    def _remove_autograd_hooks(self) -> None:
+        for handle in self._hook_handles:
+            handle.remove()
+        self._hook_handles = []
+
+    def _reset_state(self) -> None:
+        self._expect_hooks = False
+        self._require_finalize = False
+        self._ready = set()
+        self._reset_bucket_counting()
+
+    def set_logger(self, logger: Any) -> None:
+        """Attach the ``Logger`` that reads this Reducer's bookkeeping."""
+        self.logger = logger
+
+    def get_backward_stats(self) -> list[int]:
+        """Per-parameter position in the last gradient-arrival order (-1: none)."""
+        stats = [-1] * len(self._params)
+        for pos, index in enumerate(self._grad_ready_order):
+            stats[index] = pos
+        return stats
+
+    def __del__(self) -> None:
+        for handle in getattr(self, "_hook_handles", []):
+            handle.remove()

@@ -1,0 +1,183 @@
+"""Collectives and point-to-point ops, as ``torch.distributed`` spells them.
+
+Tensor traffic goes through torch's own backends (gloo on CPU, NCCL on CUDA), so where ferrodist
+adds nothing the name *is* torch's function: no wrapper, no per-call Python overhead, the same
+``Work`` handles and the same errors. The four reductions that take a ``ReduceOp`` are the only
+wrappers, because gloo rejects ``PREMUL_SUM`` ("Cannot use ReduceOp.PREMUL_SUM with Gloo"):
+for a premultiplied sum on any backend but NCCL, ferrodist scales the input by the op's factor and
+runs a plain ``SUM`` through the backend, which is what ``PREMUL_SUM`` means. Every other op goes
+straight to torch after one type check. (gloo in torch 2.13 runs ``AVG`` itself.)
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+import torch.distributed as _tdist
+from torch.distributed import (
+    P2POp,
+    all_gather,
+    all_gather_coalesced,
+    all_gather_into_tensor,
+    all_gather_object,
+    all_gather_single,
+    all_reduce_coalesced,
+    all_to_all,
+    all_to_all_single,
+    barrier,
+    batch_isend_irecv,
+    broadcast,
+    broadcast_object_list,
+    gather,
+    gather_object,
+    irecv,
+    isend,
+    monitored_barrier,
+    recv,
+    recv_object_list,
+    scatter,
+    scatter_object_list,
+    send,
+    send_object_list,
+)
+
+from ferrodist.c10d import ProcessGroup, ReduceOp, Work
+
+__all__ = [
+    "P2POp",
+    "all_gather",
+    "all_gather_coalesced",
+    "all_gather_into_tensor",
+    "all_gather_object",
+    "all_gather_single",
+    "all_reduce",
+    "all_reduce_coalesced",
+    "all_to_all",
+    "all_to_all_single",
+    "barrier",
+    "batch_isend_irecv",
+    "broadcast",
+    "broadcast_object_list",
+    "gather",
+    "gather_object",
+    "irecv",
+    "isend",
+    "monitored_barrier",
+    "recv",
+    "recv_object_list",
+    "reduce",
+    "reduce_scatter",
+    "reduce_scatter_single",
+    "reduce_scatter_tensor",
+    "scatter",
+    "scatter_object_list",
+    "send",
+    "send_object_list",
+]
+
+_SUM = ReduceOp.SUM
+_PREMUL_SUM = ReduceOp.RedOpType.PREMUL_SUM  # type: ignore[attr-defined]
+_torch_all_reduce = _tdist.all_reduce
+_torch_reduce = _tdist.reduce
+_torch_reduce_scatter = _tdist.reduce_scatter
+_torch_reduce_scatter_tensor = _tdist.reduce_scatter_tensor
+_torch_reduce_scatter_single = _tdist.reduce_scatter_single
+
+
+def _premul_factor(op: Any, tensor: torch.Tensor, group: Optional[ProcessGroup]) -> Any:
+    """The factor to apply by hand, or None when the backend can run ``op`` itself.
+
+    Only a ``ReduceOp`` instance (what ``_make_nccl_premul_sum`` returns) can carry a factor; the
+    plain members (``ReduceOp.SUM``...) are ``RedOpType`` values, which the callers filter out
+    with one identity check before calling this, so a plain op costs no extra call.
+    """
+    # torch 2.13 exposes .op and .factor on ReduceOp instances (its stubs do not).
+    if op.__class__ is not ReduceOp or op.op != _PREMUL_SUM:  # type: ignore[attr-defined]
+        return None
+    if tensor.is_cuda and "nccl" in str(_tdist.get_backend(group)):
+        return None
+    return op.factor
+
+
+def all_reduce(
+    tensor: torch.Tensor,
+    op: Any = _SUM,
+    group: Optional[ProcessGroup] = None,
+    async_op: bool = False,
+) -> Optional[Work]:
+    """``torch.distributed.all_reduce``; ``PREMUL_SUM`` also works on gloo."""
+    factor = _premul_factor(op, tensor, group) if op.__class__ is ReduceOp else None
+    if factor is not None:
+        tensor.mul_(factor)
+        op = _SUM
+    return _torch_all_reduce(tensor, op, group, async_op)
+
+
+def reduce(
+    tensor: torch.Tensor,
+    dst: Optional[int] = None,
+    op: Any = _SUM,
+    group: Optional[ProcessGroup] = None,
+    async_op: bool = False,
+    group_dst: Optional[int] = None,
+) -> Optional[Work]:
+    """``torch.distributed.reduce``; ``PREMUL_SUM`` also works on gloo.
+
+    Only the destination's tensor is scaled in place (it receives the result); the other ranks
+    send a scaled copy, so their tensors are left as they were, as NCCL leaves them.
+    """
+    factor = _premul_factor(op, tensor, group) if op.__class__ is ReduceOp else None
+    if factor is not None:
+        op = _SUM
+        if group_dst is not None:
+            is_dst = _tdist.get_rank(group) == group_dst
+        else:
+            is_dst = _tdist.get_rank() == dst
+        tensor = tensor.mul_(factor) if is_dst else tensor * factor
+    return _torch_reduce(tensor, dst, op, group, async_op, group_dst)
+
+
+def reduce_scatter(
+    output: torch.Tensor,
+    input_list: list[torch.Tensor],
+    op: Any = _SUM,
+    group: Optional[ProcessGroup] = None,
+    async_op: bool = False,
+) -> Optional[Work]:
+    """``torch.distributed.reduce_scatter``; ``PREMUL_SUM`` also works on gloo."""
+    factor = _premul_factor(op, output, group) if op.__class__ is ReduceOp else None
+    if factor is not None:
+        input_list = [t * factor for t in input_list]
+        op = _SUM
+    return _torch_reduce_scatter(output, input_list, op, group, async_op)
+
+
+def reduce_scatter_tensor(
+    output: torch.Tensor,
+    input: torch.Tensor,
+    op: Any = _SUM,
+    group: Optional[ProcessGroup] = None,
+    async_op: bool = False,
+) -> Optional[Work]:
+    """``torch.distributed.reduce_scatter_tensor``; ``PREMUL_SUM`` also works on gloo."""
+    factor = _premul_factor(op, output, group) if op.__class__ is ReduceOp else None
+    if factor is not None:
+        input = input * factor
+        op = _SUM
+    return _torch_reduce_scatter_tensor(output, input, op, group, async_op)
+
+
+def reduce_scatter_single(
+    output: torch.Tensor,
+    input: torch.Tensor,
+    op: Any = _SUM,
+    group: Optional[ProcessGroup] = None,
+    async_op: bool = False,
+) -> Optional[Work]:
+    """``torch.distributed.reduce_scatter_single``; ``PREMUL_SUM`` also works on gloo."""
+    factor = _premul_factor(op, output, group) if op.__class__ is ReduceOp else None
+    if factor is not None:
+        input = input * factor
+        op = _SUM
+    return _torch_reduce_scatter_single(output, input, op, group, async_op)

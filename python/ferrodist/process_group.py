@@ -1,0 +1,160 @@
+"""Creating, inspecting and tearing down process groups.
+
+``init_process_group`` is ferrodist's: it runs the rendezvous (``ferrodist.rendezvous``, which
+hosts the store in rank 0 for ``tcp://`` and ``env://``, reports progress and names missing ranks
+on timeout) and then hands the store to torch's ``init_process_group``, which builds the gloo or
+NCCL backend over it. The default group therefore lives in torch's own registry, so everything
+downstream (torch's DDP, FSDP, functional collectives, ``torch.distributed.get_rank()``) sees it.
+Every other name here is torch's function itself, but for ``destroy_process_group``.
+
+Why ferrodist holds the default group's stores: a store written in Python (every ferrodist store
+is a Python subclass of ``torch.distributed.Store``) reaches torch's C++ through a trampoline that
+finds the Python methods on the live Python object. torch's C++ keeps only its own handle, so
+once the last Python reference goes (``init_process_group(store=SomeStore(...))``, or the store
+our rendezvous made), later calls such as ``new_group()`` fail with torch's "Not implemented"
+assertion. ``_default_group_stores`` keeps them alive until ``destroy_process_group`` ends the
+default group, which also lets rank 0's embedded server stop and free its port.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any, Optional, Union
+
+import torch
+import torch.distributed as _tdist
+from torch.distributed import (
+    default_pg_timeout,
+    get_backend,
+    get_backend_config,
+    get_default_backend_for_device,
+    get_global_rank,
+    get_group_rank,
+    get_node_local_rank,
+    get_pg_count,
+    get_process_group_ranks,
+    get_rank,
+    get_world_size,
+    is_available,
+    is_backend_available,
+    is_gloo_available,
+    is_initialized,
+    is_mpi_available,
+    is_nccl_available,
+    is_torchelastic_launched,
+    is_ucc_available,
+    new_group,
+    new_subgroups,
+    new_subgroups_by_enumeration,
+    split_group,
+    supports_complex,
+)
+
+from ferrodist import rendezvous as _rendezvous
+
+__all__ = [
+    "default_pg_timeout",
+    "destroy_process_group",
+    "get_backend",
+    "get_backend_config",
+    "get_default_backend_for_device",
+    "get_global_rank",
+    "get_group_rank",
+    "get_node_local_rank",
+    "get_pg_count",
+    "get_process_group_ranks",
+    "get_rank",
+    "get_world_size",
+    "init_process_group",
+    "is_available",
+    "is_backend_available",
+    "is_gloo_available",
+    "is_initialized",
+    "is_mpi_available",
+    "is_nccl_available",
+    "is_torchelastic_launched",
+    "is_ucc_available",
+    "new_group",
+    "new_subgroups",
+    "new_subgroups_by_enumeration",
+    "split_group",
+    "supports_complex",
+]
+
+
+_default_group_stores: list[_tdist.Store] = []
+
+
+def destroy_process_group(group: Optional[_tdist.ProcessGroup] = None) -> None:
+    """``torch.distributed.destroy_process_group``; ending the default group releases its stores."""
+    ends_default = group is None or group is _tdist.GroupMember.WORLD
+    _tdist.destroy_process_group(group)
+    if ends_default:
+        _default_group_stores.clear()
+
+
+def _default_timeout(backend: Optional[str]) -> timedelta:
+    """torch's default for ``backend`` (NCCL has its own constant)."""
+    if backend is not None and str(backend).lower() == "nccl":
+        nccl = _tdist.constants.default_pg_nccl_timeout
+        if isinstance(nccl, timedelta):
+            return nccl
+    return default_pg_timeout
+
+
+def init_process_group(
+    backend: Optional[str] = None,
+    init_method: Optional[str] = None,
+    timeout: Optional[timedelta] = None,
+    world_size: int = -1,
+    rank: int = -1,
+    store: Optional[_tdist.Store] = None,
+    group_name: str = "",
+    pg_options: Optional[Any] = None,
+    device_id: Optional[Union[torch.device, int]] = None,
+) -> None:
+    """Initialize the default process group, as ``torch.distributed.init_process_group``.
+
+    Args:
+        backend: ``"gloo"``, ``"nccl"``, ``"cpu:gloo,cuda:nccl"``...; None picks torch's default
+            for the devices present.
+        init_method: ``env://`` (the default when ``store`` is None), ``tcp://host:port`` or
+            ``file:///path``; ``tcp://`` and ``env://`` host ferrodist's TCP store in rank 0.
+        timeout: for the rendezvous and the backend's operations (torch's default if None).
+        world_size: number of ranks (-1: from the URL or environment); required with ``store``.
+        rank: this process's rank (-1: from the URL or environment); required with ``store``.
+        store: a store every rank shares, instead of ``init_method``.
+        group_name, pg_options, device_id: passed to torch unchanged.
+
+    Raises:
+        ValueError: the default group already exists, both ``init_method`` and ``store`` were
+            given, or the URL or environment lacks the rank, world size or address.
+        StoreTimeoutError: (a ``DistStoreError`` and a ``TimeoutError``) ranks failed to join
+            in time; the message names them.
+    """
+    if is_initialized():
+        raise ValueError("trying to initialize the default process group twice!")
+    if init_method is not None and store is not None:
+        raise ValueError("Cannot specify both init_method and store.")
+    if timeout is None:
+        timeout = _default_timeout(backend)
+    elif not isinstance(timeout, timedelta):
+        raise TypeError(f"timeout must be a datetime.timedelta, got {type(timeout).__name__}")
+    stores = [] if store is None else [store]
+    if store is None:
+        url = init_method if init_method is not None else "env://"
+        base, rank, world_size = _rendezvous.rendezvous(url, rank, world_size, timeout)
+        # torch prefixes the store it builds this way; the backend's keys match torch's.
+        store = _tdist.PrefixStore("default_pg", base)
+        stores.append(base)
+    _tdist.init_process_group(
+        backend,
+        timeout=timeout,
+        world_size=world_size,
+        rank=rank,
+        store=store,
+        group_name=group_name,
+        pg_options=pg_options,
+        device_id=device_id,
+    )
+    _default_group_stores[:] = stores

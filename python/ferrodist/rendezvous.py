@@ -1,0 +1,230 @@
+"""Rendezvous: turn an ``init_method`` URL into a store every rank shares, and wait for all ranks.
+
+``tcp://host:port`` and ``env://`` host the TCP store server inside rank 0 (the embedded default:
+no separate process to start); ``file:///path`` shares a file. Unlike torch, the wait for the other
+ranks is observable: every rank registers under ``_RDZV_PREFIX`` as it arrives; a waiting rank logs
+which ranks have joined and which are still missing every ``progress_interval`` seconds (env
+``FERRODIST_RENDEZVOUS_PROGRESS_S``, default 10; logger ``ferrodist.rendezvous`` at WARNING, so it
+shows with no logging set-up: a rank still waiting after that long is worth a look); a timeout
+raises ``StoreTimeoutError`` naming the ranks that never came, not torch's bare count of workers.
+
+The join is event-driven, not polled: each rank adds itself to a counter, the rank that completes
+the count sets a ``done`` key, and everyone else blocks on that key in slices of the progress
+interval, so a prompt rendezvous costs three store round trips.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from datetime import timedelta
+from typing import Any, Optional
+from urllib.parse import parse_qs, urlparse
+
+import torch.distributed as _tdist
+
+from ferrodist.errors import StoreTimeoutError
+
+__all__ = ["rendezvous"]
+
+logger = logging.getLogger("ferrodist.rendezvous")
+
+PROGRESS_ENV = "FERRODIST_RENDEZVOUS_PROGRESS_S"
+"""Environment variable: seconds between progress reports while a rendezvous waits."""
+
+DEFAULT_PROGRESS_S = 10.0
+"""Default report interval: rare enough to stay quiet in a prompt start, often enough that a
+stuck job says which ranks it waits for well before torch's 30-minute default timeout."""
+
+_RDZV_PREFIX = "ferrodist/rendezvous/"
+
+
+def _key_prefix() -> str:
+    """Join keys for this attempt. Under torchelastic the agent's store outlives a restart, so
+    each restart gets its own keys (a stale count from the last attempt would let ranks through).
+    """
+    return f"{_RDZV_PREFIX}{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/"
+
+
+def _store_class(kind: str) -> Any:
+    """The store class for ``kind`` ("tcp" or "file"): ferrodist's, which take torch's arguments."""
+    from ferrodist.file_store import FileStore
+    from ferrodist.tcp_store import TCPStore
+
+    return {"tcp": TCPStore, "file": FileStore}[kind]
+
+
+def _query_int(query: dict[str, list[str]], key: str, given: int, url: str) -> int:
+    if given != -1:
+        return given
+    if key not in query:
+        scheme = url.split("://", 1)[0]
+        raise ValueError(
+            f"Error initializing torch.distributed using {scheme}:// rendezvous: "
+            f"{key} parameter missing"
+        )
+    return int(query[key][0])
+
+
+def _env(name: str) -> str:
+    value = os.environ.get(name)
+    if value is None:
+        raise ValueError(
+            "Error initializing torch.distributed using env:// rendezvous: environment variable "
+            f"{name} expected, but not set"
+        )
+    return value
+
+
+def _open_store(
+    url: str, rank: int, world_size: int, timeout: timedelta
+) -> tuple[_tdist.Store, int, int]:
+    """Parse ``url``, resolve rank and world size, and open (or host) the store."""
+    parsed = urlparse(url)
+    query = parse_qs(parsed.query)
+    if parsed.scheme == "env":
+        rank = rank if rank != -1 else int(_env("RANK"))
+        world_size = world_size if world_size != -1 else int(_env("WORLD_SIZE"))
+        host, port = _env("MASTER_ADDR"), int(_env("MASTER_PORT"))
+        # Under torchelastic the agent already hosts the store; every rank is a client.
+        hosts = rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"
+    elif parsed.scheme == "tcp":
+        rank = _query_int(query, "rank", rank, url)
+        world_size = _query_int(query, "world_size", world_size, url)
+        if parsed.hostname is None or parsed.port is None:
+            raise ValueError(f"tcp:// init_method needs a host and a port, got {url!r}")
+        host, port, hosts = parsed.hostname, parsed.port, rank == 0
+    elif parsed.scheme == "file":
+        rank = _query_int(query, "rank", rank, url)
+        world_size = _query_int(query, "world_size", world_size, url)
+        path = parsed.path or parsed.netloc
+        if not path:
+            raise ValueError(f"file:// init_method needs a path, got {url!r}")
+        _check_rank(rank, world_size)
+        return _store_class("file")(path, world_size), rank, world_size
+    else:
+        raise ValueError(
+            f"No rendezvous handler for {parsed.scheme}://; use env://, tcp:// or file://"
+        )
+    _check_rank(rank, world_size)
+    try:
+        store = _store_class("tcp")(host, port, world_size, hosts, timeout, wait_for_workers=False)
+    except _tdist.DistError as e:
+        if hosts:
+            raise
+        if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+            raise
+        raise _renamed(
+            e,
+            f"rendezvous: rank {rank} could not reach the store that rank 0 hosts at "
+            f"{host}:{port} within {timeout}; missing ranks: [0] (rank 0 never started "
+            f"its server). Cause: {str(e).splitlines()[0] if str(e) else type(e).__name__}",
+        ) from e
+    return store, rank, world_size
+
+
+def _check_rank(rank: int, world_size: int) -> None:
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} is out of range for world_size {world_size}")
+
+
+def _renamed(error: BaseException, message: str) -> BaseException:
+    """The same exception class with a clearer message (so the same ``except`` catches it)."""
+    try:
+        return type(error)(message)
+    except Exception:
+        return error
+
+
+def _progress_interval(given: Optional[float]) -> float:
+    if given is not None:
+        return float(given)
+    raw = os.environ.get(PROGRESS_ENV)
+    try:
+        return float(raw) if raw else DEFAULT_PROGRESS_S
+    except ValueError:
+        raise ValueError(f"{PROGRESS_ENV} must be a number of seconds, got {raw!r}") from None
+
+
+def _joined(store: _tdist.Store, world_size: int) -> list[int]:
+    prefix = _key_prefix()
+    return [r for r in range(world_size) if store.check([f"{prefix}rank/{r}"])]
+
+
+def wait_for_ranks(
+    store: _tdist.Store,
+    rank: int,
+    world_size: int,
+    timeout: timedelta,
+    progress_interval: Optional[float] = None,
+) -> None:
+    """Register ``rank`` and block until all ``world_size`` ranks have, reporting progress.
+
+    Raises:
+        StoreTimeoutError: ``timeout`` passed first; the message lists the missing ranks.
+    """
+    interval = _progress_interval(progress_interval)
+    prefix = _key_prefix()
+    store.set(f"{prefix}rank/{rank}", str(os.getpid()))
+    done_key = f"{prefix}done"
+    if store.add(f"{prefix}count", 1) >= world_size:
+        store.set(done_key, "1")
+        return
+    start = time.monotonic()
+    deadline = start + timeout.total_seconds()
+    while True:
+        slice_s = max(min(interval, deadline - time.monotonic()), 0.001)
+        try:
+            store.wait([done_key], timedelta(seconds=slice_s))
+            return
+        except _tdist.DistNetworkError:
+            raise
+        except (RuntimeError, TimeoutError):
+            pass  # this slice ended with ranks still missing
+        joined = _joined(store, world_size)
+        missing = sorted(set(range(world_size)) - set(joined))
+        elapsed = time.monotonic() - start
+        if not missing:  # the last rank arrived between our wait and our look
+            return
+        if time.monotonic() >= deadline:
+            raise StoreTimeoutError(
+                f"rendezvous timed out after {elapsed:.1f}s (timeout {timeout}): "
+                f"{len(joined)}/{world_size} ranks joined; missing ranks: {missing}"
+            )
+        logger.warning(
+            "rank %d waiting in rendezvous for %.1fs: %d/%d ranks joined %s; missing ranks: %s",
+            rank,
+            elapsed,
+            len(joined),
+            world_size,
+            joined,
+            missing,
+        )
+
+
+def rendezvous(
+    url: str,
+    rank: int = -1,
+    world_size: int = -1,
+    timeout: timedelta = _tdist.constants.default_pg_timeout,
+    progress_interval: Optional[float] = None,
+) -> tuple[_tdist.Store, int, int]:
+    """Open the store named by ``url`` and wait until every rank has joined.
+
+    Args:
+        url: ``env://``, ``tcp://host:port[?rank=R&world_size=N]`` or
+            ``file:///path[?rank=R&world_size=N]``.
+        rank: this process's rank (-1: from the URL or the environment).
+        world_size: number of ranks (-1: from the URL or the environment).
+        timeout: how long to wait for the store and the other ranks.
+        progress_interval: seconds between progress log lines (default: env
+            ``FERRODIST_RENDEZVOUS_PROGRESS_S``, else 10).
+
+    Returns:
+        ``(store, rank, world_size)``, as torch's ``rendezvous`` yields them.
+    """
+    store, rank, world_size = _open_store(url, rank, world_size, timeout)
+    store.set_timeout(timeout)
+    wait_for_ranks(store, rank, world_size, timeout, progress_interval)
+    return store, rank, world_size

@@ -1,0 +1,320 @@
+//! Control-plane collectives over a key/value store: torch's `_StoreCollectives`.
+//!
+//! Ranks exchange small messages (addresses, counters, "I'm done") through any [`Store`]. The
+//! key layout is torch's, key for key, so ranks running torch's `_StoreCollectives` and ranks
+//! running this one take part in the same collective on one store:
+//!
+//! | op | writes | reads / waits |
+//! |---|---|---|
+//! | barrier `K` | `add K/num_members`, `K/<r>` = `joined`, last rank: `K/last_members` | `K/last_members` |
+//! | broadcast `K` | root: `K` | `K` |
+//! | gather `K` | senders: `K/<r>` | root: `K/<i>`, i != root |
+//! | scatter `K` | root: `K/<i>`, i != root | `K/<r>` |
+//! | all_gather `K` | `K/<r>` | `K/<i>` |
+//! | all_sum `K` | `add K` | barrier `K/barrier`, then `add K 0` |
+//!
+//! Where it differs from torch, on purpose:
+//!
+//! * **One deadline per call.** The caller's timeout covers the whole collective (torch applies
+//!   it to each store operation, and does so by mutating the shared store's timeout).
+//! * **Fewer round trips.** A gather waits once for all keys and reads them with one
+//!   `multi_get`; the last rank of a barrier writes its marker and the release key together;
+//!   `all_gather` does not read its own value back.
+//! * **No race between timeout and late arrival.** When the wait times out, the keys are
+//!   checked once more: if everyone arrived meanwhile the collective succeeds; otherwise the
+//!   error names exactly the ranks still missing ([`Error::RanksMissing`]).
+//! * **Validated input.** A rank outside the world or a scatter list of the wrong length is
+//!   an error (torch reads out of bounds or ignores the surplus).
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use crate::error::{Error, Result};
+use crate::store::{sliced, Deadline, Store};
+
+/// Called between slices of a long wait; an `Err` (e.g. Ctrl-C) ends the collective with it.
+pub type Interrupt<'a> = &'a mut dyn FnMut() -> Result<()>;
+
+/// Value of a barrier member's marker key, as torch writes it.
+const JOINED: &[u8] = b"joined";
+/// Value of the key that releases a barrier, as torch writes it.
+const RELEASED: &[u8] = b"<val_ignored>";
+
+/// Control collectives for one rank of `world_size` ranks over a shared store.
+pub struct StoreCollectives {
+    store: Arc<dyn Store>,
+    rank: usize,
+    world_size: usize,
+    used_keys: Mutex<HashSet<String>>,
+}
+
+impl StoreCollectives {
+    /// Collectives for `rank` (in `0..world_size`) over `store`.
+    pub fn new(store: Arc<dyn Store>, rank: i64, world_size: i64) -> Result<Self> {
+        if world_size < 1 {
+            return Err(Error::InvalidArgument(format!(
+                "world_size must be at least 1, got {world_size}"
+            )));
+        }
+        if rank < 0 || rank >= world_size {
+            return Err(Error::InvalidArgument(format!(
+                "rank must be in [0, {world_size}), got {rank}"
+            )));
+        }
+        Ok(StoreCollectives {
+            store,
+            rank: rank as usize,
+            world_size: world_size as usize,
+            used_keys: Mutex::new(HashSet::new()),
+        })
+    }
+
+    /// This rank.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// Number of ranks.
+    pub fn world_size(&self) -> usize {
+        self.world_size
+    }
+
+    /// Records `keys` as used by this instance; fails (recording none) if any was used before.
+    /// A failed collective still consumes its key, as in torch.
+    fn claim(&self, keys: &[&str]) -> Result<()> {
+        let mut used = self.used_keys.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(reused) = keys.iter().find(|k| used.contains(**k)) {
+            return Err(Error::InvalidInput(format!(
+                "Key {reused} has already been used."
+            )));
+        }
+        used.extend(keys.iter().map(|k| k.to_string()));
+        Ok(())
+    }
+
+    fn member_key(key: &str, rank: usize) -> String {
+        format!("{key}/{rank}")
+    }
+
+    fn others(&self) -> impl Iterator<Item = usize> + '_ {
+        (0..self.world_size).filter(move |&i| i != self.rank)
+    }
+
+    /// Blocks until every rank has reached barrier `key` (or, with `block` false, just
+    /// announces this rank and returns).
+    pub fn barrier(
+        &self,
+        key: &str,
+        timeout: Duration,
+        block: bool,
+        interrupt: Interrupt<'_>,
+    ) -> Result<()> {
+        self.claim(&[key])?;
+        self.barrier_unclaimed(key, Deadline::after(timeout), block, interrupt)
+    }
+
+    fn barrier_unclaimed(
+        &self,
+        key: &str,
+        deadline: Deadline,
+        block: bool,
+        interrupt: Interrupt<'_>,
+    ) -> Result<()> {
+        let arrived = self.store.add(&format!("{key}/num_members"), 1)?;
+        let marker = Self::member_key(key, self.rank);
+        let release = format!("{key}/last_members");
+        if arrived == self.world_size as i64 {
+            return self
+                .store
+                .multi_set(&[marker, release], &[JOINED.to_vec(), RELEASED.to_vec()]);
+        }
+        self.store.set(&marker, JOINED)?;
+        if !block {
+            return Ok(());
+        }
+        self.wait_for_ranks("barrier", key, &[release], deadline, interrupt)
+    }
+
+    /// Root: publishes `data` under `key` for every other rank.
+    pub fn broadcast_send(&self, key: &str, data: &[u8]) -> Result<()> {
+        self.claim(&[key])?;
+        self.store.set(key, data)
+    }
+
+    /// Non-root: the value the root published under `key`.
+    pub fn broadcast_recv(
+        &self,
+        key: &str,
+        timeout: Duration,
+        interrupt: Interrupt<'_>,
+    ) -> Result<Vec<u8>> {
+        self.claim(&[key])?;
+        sliced(
+            timeout,
+            |slice| self.store.get_timeout(key, slice),
+            interrupt,
+        )
+    }
+
+    /// Non-root: contributes `data` to the gather `key`.
+    pub fn gather_send(&self, key: &str, data: &[u8]) -> Result<()> {
+        self.claim(&[key])?;
+        self.store.set(&Self::member_key(key, self.rank), data)
+    }
+
+    /// Root: every rank's contribution in rank order, its own `data` at its own position.
+    pub fn gather_recv(
+        &self,
+        key: &str,
+        data: &[u8],
+        timeout: Duration,
+        interrupt: Interrupt<'_>,
+    ) -> Result<Vec<Vec<u8>>> {
+        self.claim(&[key])?;
+        let keys: Vec<String> = self.others().map(|i| Self::member_key(key, i)).collect();
+        let mut values =
+            self.wait_and_get("gather", key, &keys, Deadline::after(timeout), interrupt)?;
+        values.insert(self.rank, data.to_vec());
+        Ok(values)
+    }
+
+    /// Root: hands element `i` of `data` to rank `i`; returns its own element.
+    pub fn scatter_send(&self, key: &str, data: &[Vec<u8>]) -> Result<Vec<u8>> {
+        if data.len() != self.world_size {
+            return Err(Error::InvalidArgument(format!(
+                "data: scatter_send needs one entry per rank ({}), got {}",
+                self.world_size,
+                data.len()
+            )));
+        }
+        self.claim(&[key])?;
+        let keys: Vec<String> = self.others().map(|i| Self::member_key(key, i)).collect();
+        let values: Vec<Vec<u8>> = self.others().map(|i| data[i].clone()).collect();
+        if !keys.is_empty() {
+            self.store.multi_set(&keys, &values)?;
+        }
+        Ok(data[self.rank].clone())
+    }
+
+    /// Non-root: this rank's element of the scatter `key`.
+    pub fn scatter_recv(
+        &self,
+        key: &str,
+        timeout: Duration,
+        interrupt: Interrupt<'_>,
+    ) -> Result<Vec<u8>> {
+        self.claim(&[key])?;
+        let own = Self::member_key(key, self.rank);
+        sliced(
+            timeout,
+            |slice| self.store.get_timeout(&own, slice),
+            interrupt,
+        )
+    }
+
+    /// Every rank's `data`, in rank order.
+    pub fn all_gather(
+        &self,
+        key: &str,
+        data: &[u8],
+        timeout: Duration,
+        interrupt: Interrupt<'_>,
+    ) -> Result<Vec<Vec<u8>>> {
+        self.claim(&[key])?;
+        let deadline = Deadline::after(timeout);
+        self.store.set(&Self::member_key(key, self.rank), data)?;
+        let keys: Vec<String> = self.others().map(|i| Self::member_key(key, i)).collect();
+        let mut values = self.wait_and_get("all_gather", key, &keys, deadline, interrupt)?;
+        values.insert(self.rank, data.to_vec());
+        Ok(values)
+    }
+
+    /// The sum of every rank's `value`. Uses `key` as the running sum and `key/barrier`.
+    pub fn all_sum(
+        &self,
+        key: &str,
+        value: i64,
+        timeout: Duration,
+        interrupt: Interrupt<'_>,
+    ) -> Result<i64> {
+        let barrier = format!("{key}/barrier");
+        self.claim(&[key, &barrier])?;
+        let deadline = Deadline::after(timeout);
+        self.store.add(key, value)?;
+        self.barrier_unclaimed(&barrier, deadline, true, interrupt)?;
+        self.store.add(key, 0)
+    }
+
+    /// Waits for `keys` then reads them in one `multi_get`, naming missing ranks on timeout.
+    fn wait_and_get(
+        &self,
+        op: &str,
+        key: &str,
+        keys: &[String],
+        deadline: Deadline,
+        interrupt: Interrupt<'_>,
+    ) -> Result<Vec<Vec<u8>>> {
+        if keys.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.wait_for_ranks(op, key, keys, deadline, interrupt)?;
+        self.store.multi_get(keys)
+    }
+
+    /// Waits until `keys` exist or `deadline` passes. On timeout checks once more, so a rank
+    /// arriving at the last moment still counts; if some are still absent, fails naming the
+    /// ranks whose `key/<i>` is missing.
+    fn wait_for_ranks(
+        &self,
+        op: &str,
+        key: &str,
+        keys: &[String],
+        deadline: Deadline,
+        interrupt: Interrupt<'_>,
+    ) -> Result<()> {
+        let waited = sliced(
+            time_left(&deadline),
+            |slice| self.store.wait(keys, Some(slice)),
+            interrupt,
+        );
+        match waited {
+            Err(err) if err.is_timeout() => {
+                if self.store.check(keys)? {
+                    return Ok(());
+                }
+                let mut missing = Vec::new();
+                for i in self.others() {
+                    if !self.store.check(&[Self::member_key(key, i)])? {
+                        missing.push(i);
+                    }
+                }
+                let mut absent = Vec::new();
+                for k in keys {
+                    if !self.store.check(std::slice::from_ref(k))? {
+                        absent.push(k.clone());
+                    }
+                }
+                if absent.is_empty() {
+                    return Ok(());
+                }
+                Err(Error::RanksMissing {
+                    op: op.to_string(),
+                    missing,
+                    after: deadline.timeout(),
+                    keys: absent,
+                })
+            }
+            other => other,
+        }
+    }
+}
+
+/// What is left of `deadline` as a store timeout: zero means "no deadline" to a store, so a
+/// passed deadline becomes the shortest real wait instead.
+fn time_left(deadline: &Deadline) -> Duration {
+    match deadline.remaining() {
+        None => Duration::ZERO,
+        Some(left) => left.max(Duration::from_millis(1)),
+    }
+}

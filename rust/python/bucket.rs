@@ -1,0 +1,249 @@
+//! Bindings for [`crate::bucket`]: bucket assignment from tensors or from metadata arrays.
+//!
+//! The tensor entry point reads each tensor's metadata in one pass with the GIL held (three
+//! attribute reads per tensor: `nbytes`, `dtype`, `device`), then runs the core with the GIL
+//! released. `hash(device)` is torch's device bits, so no device attribute is read twice.
+
+use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::intern;
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyBytes, PyDict, PyList, PySequence, PyTuple};
+
+use super::blocking::detached;
+use super::errors::to_py;
+use crate::bucket::{assign_buckets, BucketAssignment, BucketRequest, GroupKey};
+use crate::error::Error;
+
+/// Integers given either as a sequence or packed as native-endian int64 bytes.
+#[derive(FromPyObject)]
+pub enum IntArray<'py> {
+    /// int64 values packed by the Python layer (from numpy, torch or array.array).
+    Packed(Bound<'py, PyBytes>),
+    /// Any sequence of Python ints.
+    Sequence(Vec<i64>),
+}
+
+impl IntArray<'_> {
+    /// The values, decoded in one pass; `f` converts each (and may fail naming its position).
+    fn map<T>(&self, mut f: impl FnMut(usize, i64) -> PyResult<T>) -> PyResult<Vec<T>> {
+        match self {
+            IntArray::Packed(bytes) => bytes
+                .as_bytes()
+                .chunks_exact(8)
+                .enumerate()
+                .map(|(i, c)| f(i, i64::from_ne_bytes(c.try_into().unwrap_or([0; 8]))))
+                .collect(),
+            IntArray::Sequence(values) => {
+                values.iter().enumerate().map(|(i, &v)| f(i, v)).collect()
+            }
+        }
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            IntArray::Packed(bytes) => bytes.as_bytes().len() / 8,
+            IntArray::Sequence(values) => values.len(),
+        }
+    }
+}
+
+/// A byte count: negative values are refused, naming the argument and position.
+fn byte_count(name: &str, i: usize, v: i64) -> PyResult<u64> {
+    u64::try_from(v).map_err(|_| {
+        PyTypeError::new_err(format!(
+            "{name}[{i}] = {v} is negative; it must be a byte count >= 0"
+        ))
+    })
+}
+
+/// Converts signed values to byte counts, naming the argument when one is negative.
+fn non_negative(name: &str, values: &[i64]) -> PyResult<Vec<u64>> {
+    values
+        .iter()
+        .enumerate()
+        .map(|(i, &v)| byte_count(name, i, v))
+        .collect()
+}
+
+/// Python ints `0..len`, shared by every result (ints are immutable): a bucket list then costs
+/// one reference-count increment per index instead of one allocation, which is most of the
+/// time of a large assignment. Grows to the largest tensor count seen; only used with the GIL.
+static INDEX_POOL: PyOnceLock<Py<PyList>> = PyOnceLock::new();
+
+fn index_pool(py: Python<'_>, len: usize) -> PyResult<Bound<'_, PyList>> {
+    let pool = INDEX_POOL
+        .get_or_init(py, || PyList::empty(py).unbind())
+        .bind(py);
+    if pool.len() < len {
+        let range = py
+            .import(intern!(py, "builtins"))?
+            .getattr(intern!(py, "range"))?;
+        pool.call_method1(intern!(py, "extend"), (range.call1((pool.len(), len))?,))?;
+    }
+    Ok(pool.clone())
+}
+
+fn to_python(py: Python<'_>, result: BucketAssignment) -> PyResult<Bound<'_, PyTuple>> {
+    let needed = result
+        .buckets
+        .iter()
+        .flatten()
+        .max()
+        .map_or(0, |&m| m as usize + 1);
+    let pool = index_pool(py, needed)?;
+    let buckets = result
+        .buckets
+        .iter()
+        .map(|bucket| {
+            let items = bucket
+                .iter()
+                .map(|&i| pool.get_item(i as usize))
+                .collect::<PyResult<Vec<_>>>()?;
+            PyList::new(py, items)
+        })
+        .collect::<PyResult<Vec<_>>>()?;
+    let buckets = PyList::new(py, buckets)?;
+    let limits = PyList::new(py, result.size_limits)?;
+    PyTuple::new(py, [buckets.into_any(), limits.into_any()])
+}
+
+/// Bucket assignment from metadata: byte sizes, dtype ids and device ids, one per tensor.
+#[pyfunction]
+#[pyo3(signature = (sizes, dtype_ids, device_ids, bucket_size_limits, expect_sparse_gradient, tensor_indices))]
+fn bucket_assignment_from_metadata<'py>(
+    py: Python<'py>,
+    sizes: IntArray<'_>,
+    dtype_ids: IntArray<'_>,
+    device_ids: IntArray<'_>,
+    bucket_size_limits: Vec<i64>,
+    expect_sparse_gradient: Vec<bool>,
+    tensor_indices: IntArray<'_>,
+) -> PyResult<Bound<'py, PyTuple>> {
+    let n = sizes.len();
+    if dtype_ids.len() != n || device_ids.len() != n {
+        return Err(PyValueError::new_err(format!(
+            "sizes, dtype_ids and device_ids must have one entry per tensor, got {n}, {} and {}",
+            dtype_ids.len(),
+            device_ids.len()
+        )));
+    }
+    let sizes = sizes.map(|i, v| byte_count("sizes", i, v))?;
+    let limits = non_negative("bucket_size_limits", &bucket_size_limits)?;
+    let mut keys = dtype_ids.map(|_, dtype| Ok(GroupKey { dtype, device: 0 }))?;
+    device_ids.map(|i, device| {
+        keys[i].device = device;
+        Ok(())
+    })?;
+    let indices = tensor_indices.map(|_, v| Ok(v))?;
+    let result = detached(py, || {
+        assign_buckets(&BucketRequest {
+            sizes: &sizes,
+            keys: &keys,
+            limits: &limits,
+            expect_sparse_gradient: &expect_sparse_gradient,
+            tensor_indices: &indices,
+        })
+    })?;
+    to_python(py, result)
+}
+
+/// Reads `(nbytes, group key)` of every tensor. `dtype_ids` maps each `torch.dtype` to its id;
+/// `sparse_layout` is `torch.sparse_coo`, the one layout torch refuses.
+fn read_metadata(
+    tensors: &Bound<'_, PyAny>,
+    tensor_type: &Bound<'_, PyAny>,
+    dtype_ids: &Bound<'_, PyDict>,
+    sparse_layout: &Bound<'_, PyAny>,
+) -> PyResult<(Vec<u64>, Vec<GroupKey>)> {
+    let py = tensors.py();
+    let count = tensors.len()?;
+    let (mut sizes, mut keys) = (Vec::with_capacity(count), Vec::with_capacity(count));
+    let mut last_dtype: Option<(Bound<'_, PyAny>, i64)> = None;
+    for (i, tensor) in tensors.try_iter()?.enumerate() {
+        let tensor = tensor?;
+        if !tensor.is_instance(tensor_type)? {
+            return Err(PyTypeError::new_err(format!(
+                "tensors[{i}]: expected a torch.Tensor, got {}",
+                tensor.get_type().name()?
+            )));
+        }
+        let nbytes = match tensor.getattr(intern!(py, "nbytes")) {
+            Ok(n) => n.extract::<u64>()?,
+            // `nbytes` refuses every sparse layout; torch refuses COO only and sizes the rest
+            // as numel * element_size.
+            Err(_) if tensor.getattr(intern!(py, "layout"))?.is(sparse_layout) => {
+                return Err(to_py(Error::InvalidInput(format!(
+                    "No support for sparse tensors. (tensors[{i}] is sparse)"
+                ))));
+            }
+            Err(_) => {
+                let numel: u64 = tensor.call_method0(intern!(py, "numel"))?.extract()?;
+                let item: u64 = tensor
+                    .call_method0(intern!(py, "element_size"))?
+                    .extract()?;
+                numel.saturating_mul(item)
+            }
+        };
+        let dtype = tensor.getattr(intern!(py, "dtype"))?;
+        let dtype_id = match &last_dtype {
+            Some((seen, id)) if seen.is(&dtype) => *id,
+            _ => {
+                let id: i64 = match dtype_ids.get_item(&dtype)? {
+                    Some(id) => id.extract()?,
+                    None => dtype.hash()? as i64,
+                };
+                last_dtype = Some((dtype, id));
+                id
+            }
+        };
+        let device = tensor.getattr(intern!(py, "device"))?.hash()? as i64;
+        sizes.push(nbytes);
+        keys.push(GroupKey {
+            dtype: dtype_id,
+            device,
+        });
+    }
+    Ok((sizes, keys))
+}
+
+/// Bucket assignment from tensors (torch's signature, metadata only; data is never read).
+#[pyfunction]
+#[pyo3(signature = (tensors, bucket_size_limits, expect_sparse_gradient, tensor_indices, dtype_ids))]
+fn bucket_assignment_of_tensors<'py>(
+    py: Python<'py>,
+    tensors: &Bound<'py, PyAny>,
+    bucket_size_limits: Vec<i64>,
+    expect_sparse_gradient: Vec<bool>,
+    tensor_indices: Vec<i64>,
+    dtype_ids: &Bound<'py, PyDict>,
+) -> PyResult<Bound<'py, PyTuple>> {
+    if tensors.cast::<PySequence>().is_err() {
+        return Err(PyTypeError::new_err(format!(
+            "tensors: expected a sequence of torch.Tensor, got {}",
+            tensors.get_type().name()?
+        )));
+    }
+    let limits = non_negative("bucket_size_limits", &bucket_size_limits)?;
+    let torch = py.import(intern!(py, "torch"))?;
+    let tensor_type = torch.getattr(intern!(py, "Tensor"))?;
+    let sparse_layout = torch.getattr(intern!(py, "sparse_coo"))?;
+    let (sizes, keys) = read_metadata(tensors, &tensor_type, dtype_ids, &sparse_layout)?;
+    let result = detached(py, || {
+        assign_buckets(&BucketRequest {
+            sizes: &sizes,
+            keys: &keys,
+            limits: &limits,
+            expect_sparse_gradient: &expect_sparse_gradient,
+            tensor_indices: &tensor_indices,
+        })
+    })?;
+    to_python(py, result)
+}
+
+/// Adds the bucket functions to the module.
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(bucket_assignment_from_metadata, m)?)?;
+    m.add_function(wrap_pyfunction!(bucket_assignment_of_tensors, m)?)?;
+    Ok(())
+}

@@ -1,0 +1,360 @@
+//! Requests: the [`Request`] type, its encoding, and the two-step decoder (scan the length
+//! prefixes against the limits, then split the complete frame off without copying).
+
+use bytes::{BufMut, Bytes, BytesMut};
+
+use super::{put_field, put_keys, Cursor, FrameError, Limits, Opcode, ReplyKind, Scan, Step};
+
+/// One request, as a client sends it and a server reads it. Keys are raw wire keys: torch's
+/// client prefixes user keys with `/` before they get here.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Request {
+    /// Handshake.
+    Validate {
+        /// Must be [`super::VALIDATE_MAGIC`].
+        magic: u32,
+    },
+    /// Store a value.
+    Set {
+        /// Key.
+        key: Bytes,
+        /// Value.
+        value: Bytes,
+    },
+    /// Compare-and-set.
+    CompareSet {
+        /// Key.
+        key: Bytes,
+        /// Value the key must hold (empty: must be missing).
+        expected: Bytes,
+        /// Value to write.
+        desired: Bytes,
+    },
+    /// Read a value.
+    Get {
+        /// Key.
+        key: Bytes,
+    },
+    /// Add to a decimal counter.
+    Add {
+        /// Key.
+        key: Bytes,
+        /// Amount.
+        delta: i64,
+    },
+    /// Are all keys present?
+    Check {
+        /// Keys.
+        keys: Vec<Bytes>,
+    },
+    /// Reply once all keys are present.
+    Wait {
+        /// Keys.
+        keys: Vec<Bytes>,
+    },
+    /// Count the keys.
+    GetNumKeys,
+    /// Remove a key.
+    DeleteKey {
+        /// Key.
+        key: Bytes,
+    },
+    /// Append to a value.
+    Append {
+        /// Key.
+        key: Bytes,
+        /// Bytes to append.
+        value: Bytes,
+    },
+    /// Read several values.
+    MultiGet {
+        /// Keys.
+        keys: Vec<Bytes>,
+    },
+    /// Store several values.
+    MultiSet {
+        /// Key/value pairs, applied in order.
+        pairs: Vec<(Bytes, Bytes)>,
+    },
+    /// Cancel this connection's pending wait.
+    CancelWait,
+    /// Liveness check, echoed.
+    Ping {
+        /// Echoed back unchanged.
+        nonce: u32,
+    },
+    /// Push onto a queue.
+    QueuePush {
+        /// Queue name.
+        key: Bytes,
+        /// Element.
+        value: Bytes,
+    },
+    /// Pop the front of a queue.
+    QueuePop {
+        /// Queue name.
+        key: Bytes,
+    },
+    /// Length of a queue.
+    QueueLen {
+        /// Queue name.
+        key: Bytes,
+    },
+    /// Every key of the key-value map.
+    ListKeys,
+    /// Count an arrival at a barrier; reply when `world_size` have arrived.
+    Barrier {
+        /// Counter key.
+        key: Bytes,
+        /// Arrivals needed.
+        world_size: i64,
+    },
+}
+
+/// Spans (start, end) of the fields of one request inside the scanned buffer.
+struct Parsed {
+    op: Opcode,
+    spans: Vec<(usize, usize)>,
+    int: u64,
+    len: usize,
+}
+
+fn parse(buf: &[u8], limits: &Limits) -> Step<Parsed> {
+    let mut cur = Cursor { buf, pos: 0 };
+    let byte = cur.u8()?;
+    let op = Opcode::from_byte(byte).ok_or(Err(FrameError::UnknownOpcode(byte)))?;
+    let mut spans = Vec::new();
+    let mut int = 0u64;
+    let check_total = |cur: &Cursor<'_>| -> Step<()> {
+        if cur.pos as u64 > limits.max_request_bytes {
+            return Err(Err(FrameError::RequestTooLarge {
+                len: cur.pos as u64,
+                max: limits.max_request_bytes,
+            }));
+        }
+        Ok(())
+    };
+    // A declared length that would push the frame past max_request_bytes is refused before its
+    // body is awaited: an incomplete result whose need exceeds the cap is an error.
+    let guard = |step: Step<(usize, usize)>| -> Step<(usize, usize)> {
+        match step {
+            Err(Ok(need)) if need as u64 > limits.max_request_bytes => {
+                Err(Err(FrameError::RequestTooLarge {
+                    len: need as u64,
+                    max: limits.max_request_bytes,
+                }))
+            }
+            other => other,
+        }
+    };
+    match op {
+        Opcode::Validate | Opcode::Ping => int = u64::from(cur.u32()?),
+        Opcode::GetNumKeys | Opcode::CancelWait | Opcode::ListKeys => {}
+        Opcode::Get | Opcode::DeleteKey | Opcode::QueuePop | Opcode::QueueLen => {
+            spans.push(guard(cur.key(limits))?)
+        }
+        Opcode::Add | Opcode::Barrier => {
+            spans.push(guard(cur.key(limits))?);
+            int = cur.u64()?;
+        }
+        Opcode::Set | Opcode::Append | Opcode::QueuePush => {
+            spans.push(guard(cur.key(limits))?);
+            spans.push(guard(cur.value(limits))?);
+        }
+        Opcode::CompareSet => {
+            spans.push(guard(cur.key(limits))?);
+            spans.push(guard(cur.value(limits))?);
+            spans.push(guard(cur.value(limits))?);
+        }
+        Opcode::Check | Opcode::Wait | Opcode::MultiGet => {
+            for _ in 0..cur.count(limits)? {
+                spans.push(guard(cur.key(limits))?);
+                check_total(&cur)?;
+            }
+        }
+        Opcode::MultiSet => {
+            for _ in 0..cur.count(limits)? {
+                spans.push(guard(cur.key(limits))?);
+                spans.push(guard(cur.value(limits))?);
+                check_total(&cur)?;
+            }
+        }
+    }
+    check_total(&cur)?;
+    Ok(Parsed {
+        op,
+        spans,
+        int,
+        len: cur.pos,
+    })
+}
+
+/// Finds out whether a whole request sits at the start of `buf`, without copying anything.
+///
+/// Errors as soon as the bytes seen break the protocol or a declared length breaks `limits`,
+/// even when the rest of the frame has not arrived.
+pub fn scan_request(buf: &[u8], limits: &Limits) -> Result<Scan, FrameError> {
+    match parse(buf, limits) {
+        Ok(parsed) => Ok(Scan::Complete(parsed.len)),
+        Err(Ok(need)) => Ok(Scan::Incomplete(need)),
+        Err(Err(err)) => Err(err),
+    }
+}
+
+/// Splits one complete request off the front of `buf`, or returns `Ok(None)` (leaving `buf`
+/// alone) when it is not complete yet. Keys and values share `buf`'s memory.
+pub fn decode_request(buf: &mut BytesMut, limits: &Limits) -> Result<Option<Request>, FrameError> {
+    let parsed = match parse(buf, limits) {
+        Ok(parsed) => parsed,
+        Err(Ok(_)) => return Ok(None),
+        Err(Err(err)) => return Err(err),
+    };
+    let frame = buf.split_to(parsed.len).freeze();
+    let field = |i: usize| frame.slice(parsed.spans[i].0..parsed.spans[i].1);
+    let all = || (0..parsed.spans.len()).map(field).collect::<Vec<_>>();
+    Ok(Some(match parsed.op {
+        Opcode::Validate => Request::Validate {
+            magic: parsed.int as u32,
+        },
+        Opcode::Set => Request::Set {
+            key: field(0),
+            value: field(1),
+        },
+        Opcode::CompareSet => Request::CompareSet {
+            key: field(0),
+            expected: field(1),
+            desired: field(2),
+        },
+        Opcode::Get => Request::Get { key: field(0) },
+        Opcode::Add => Request::Add {
+            key: field(0),
+            delta: parsed.int as i64,
+        },
+        Opcode::Check => Request::Check { keys: all() },
+        Opcode::Wait => Request::Wait { keys: all() },
+        Opcode::GetNumKeys => Request::GetNumKeys,
+        Opcode::DeleteKey => Request::DeleteKey { key: field(0) },
+        Opcode::Append => Request::Append {
+            key: field(0),
+            value: field(1),
+        },
+        Opcode::MultiGet => Request::MultiGet { keys: all() },
+        Opcode::MultiSet => {
+            let fields = all();
+            Request::MultiSet {
+                pairs: fields
+                    .chunks(2)
+                    .map(|p| (p[0].clone(), p[1].clone()))
+                    .collect(),
+            }
+        }
+        Opcode::CancelWait => Request::CancelWait,
+        Opcode::Ping => Request::Ping {
+            nonce: parsed.int as u32,
+        },
+        Opcode::QueuePush => Request::QueuePush {
+            key: field(0),
+            value: field(1),
+        },
+        Opcode::QueuePop => Request::QueuePop { key: field(0) },
+        Opcode::QueueLen => Request::QueueLen { key: field(0) },
+        Opcode::ListKeys => Request::ListKeys,
+        Opcode::Barrier => Request::Barrier {
+            key: field(0),
+            world_size: parsed.int as i64,
+        },
+    }))
+}
+
+impl Request {
+    /// The opcode of this request.
+    pub fn opcode(&self) -> Opcode {
+        match self {
+            Request::Validate { .. } => Opcode::Validate,
+            Request::Set { .. } => Opcode::Set,
+            Request::CompareSet { .. } => Opcode::CompareSet,
+            Request::Get { .. } => Opcode::Get,
+            Request::Add { .. } => Opcode::Add,
+            Request::Check { .. } => Opcode::Check,
+            Request::Wait { .. } => Opcode::Wait,
+            Request::GetNumKeys => Opcode::GetNumKeys,
+            Request::DeleteKey { .. } => Opcode::DeleteKey,
+            Request::Append { .. } => Opcode::Append,
+            Request::MultiGet { .. } => Opcode::MultiGet,
+            Request::MultiSet { .. } => Opcode::MultiSet,
+            Request::CancelWait => Opcode::CancelWait,
+            Request::Ping { .. } => Opcode::Ping,
+            Request::QueuePush { .. } => Opcode::QueuePush,
+            Request::QueuePop { .. } => Opcode::QueuePop,
+            Request::QueueLen { .. } => Opcode::QueueLen,
+            Request::ListKeys => Opcode::ListKeys,
+            Request::Barrier { .. } => Opcode::Barrier,
+        }
+    }
+
+    /// What the server sends back, `None` for fire-and-forget requests.
+    pub fn reply_kind(&self) -> Option<ReplyKind> {
+        match self {
+            Request::Validate { .. }
+            | Request::Set { .. }
+            | Request::Append { .. }
+            | Request::MultiSet { .. }
+            | Request::QueuePush { .. } => None,
+            Request::Check { .. }
+            | Request::Wait { .. }
+            | Request::CancelWait
+            | Request::Barrier { .. } => Some(ReplyKind::Byte),
+            Request::Ping { .. } => Some(ReplyKind::Nonce),
+            Request::Add { .. }
+            | Request::GetNumKeys
+            | Request::DeleteKey { .. }
+            | Request::QueueLen { .. } => Some(ReplyKind::Int),
+            Request::Get { .. } | Request::CompareSet { .. } => Some(ReplyKind::Value),
+            Request::MultiGet { keys } => Some(ReplyKind::Values(keys.len())),
+            Request::QueuePop { .. } => Some(ReplyKind::Popped),
+            Request::ListKeys => Some(ReplyKind::Keys),
+        }
+    }
+
+    /// Appends the request's wire bytes to `dst`.
+    pub fn encode(&self, dst: &mut BytesMut) {
+        dst.put_u8(self.opcode() as u8);
+        match self {
+            Request::Validate { magic: n } | Request::Ping { nonce: n } => dst.put_u32_le(*n),
+            Request::GetNumKeys | Request::CancelWait | Request::ListKeys => {}
+            Request::Get { key }
+            | Request::DeleteKey { key }
+            | Request::QueuePop { key }
+            | Request::QueueLen { key } => put_field(dst, key),
+            Request::Add { key, delta: n } | Request::Barrier { key, world_size: n } => {
+                put_field(dst, key);
+                dst.put_i64_le(*n);
+            }
+            Request::Set { key, value }
+            | Request::Append { key, value }
+            | Request::QueuePush { key, value } => {
+                put_field(dst, key);
+                put_field(dst, value);
+            }
+            Request::CompareSet {
+                key,
+                expected,
+                desired,
+            } => {
+                put_field(dst, key);
+                put_field(dst, expected);
+                put_field(dst, desired);
+            }
+            Request::Check { keys } | Request::Wait { keys } | Request::MultiGet { keys } => {
+                put_keys(dst, keys)
+            }
+            Request::MultiSet { pairs } => {
+                dst.put_u64_le(pairs.len() as u64);
+                for (k, v) in pairs {
+                    put_field(dst, k);
+                    put_field(dst, v);
+                }
+            }
+        }
+    }
+}

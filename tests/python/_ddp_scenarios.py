@@ -1,0 +1,281 @@
+"""Training scenarios run side by side on torch's DDP and ferrodist's DDP (helper of test_ddp).
+
+Each scenario builds the same model twice from one seed, wraps one copy in torch's DDP and the
+other in ferrodist's, feeds both the same rank-dependent batches, and returns what the test
+compares: final parameters and gradients, and the bucket layout each DDP handed its hook.
+Runs inside spawned worker processes with gloo initialised.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks as torch_hooks
+from torch.nn.parallel import DistributedDataParallel as TorchDDP
+
+import ferrodist
+from ferrodist.algorithms.ddp_comm_hooks import default_hooks as fd_hooks
+from ferrodist.nn import DistributedDataParallel as FerroDDP
+
+
+class Net(nn.Module):
+    """MLP with an optional unused layer, an optional tied weight and a BatchNorm buffer."""
+
+    def __init__(self, unused: bool = False, tied: bool = False, bn: bool = False) -> None:
+        super().__init__()
+        self.inp = nn.Linear(16, 64)
+        self.bn = nn.BatchNorm1d(64) if bn else None
+        self.mid = nn.Linear(64, 64)
+        self.mid2 = nn.Linear(64, 64)
+        if tied:
+            self.mid2.weight = self.mid.weight
+        self.out = nn.Linear(64, 4)
+        self.spare = nn.Linear(64, 64) if unused else None
+
+    def forward(self, x: torch.Tensor, use_spare: bool = False) -> torch.Tensor:
+        h = torch.relu(self.inp(x))
+        if self.bn is not None:
+            h = self.bn(h)
+        h = torch.relu(self.mid(h))
+        h = torch.relu(self.mid2(h))
+        if use_spare and self.spare is not None:
+            h = h + self.spare(h)
+        return self.out(h)
+
+
+def _batches(rank: int, steps: int) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(1000 + rank)
+    return [torch.randn(8, 16, generator=g) for _ in range(steps)]
+
+
+def _layout_recorder(ddp: Any, hook: Callable[..., Any], log: list[Any]) -> Callable[..., Any]:
+    names = {id(p): n for n, p in ddp.module.named_parameters()}
+
+    def recording_hook(state, bucket):  # type: ignore[no-untyped-def]  # no annotations: DDP checks them
+        log.append((bucket.index(), bucket.is_last(), [names[id(p)] for p in bucket.parameters()]))
+        return hook(state, bucket)
+
+    return recording_hook
+
+
+def run(
+    *,
+    model: dict[str, bool] | None = None,
+    ddp: dict[str, Any] | None = None,
+    steps: int = 4,
+    hook: str | None = None,
+    no_sync_every: int = 0,
+    spare_on_rank: int | None = None,
+    record: bool = False,
+    zero_grad_to_none: bool = True,
+    swap_hooks: bool = False,
+) -> dict[str, Any]:
+    """Train both DDPs; return ``{"torch": ..., "ferrodist": ...}`` results."""
+    rank = dist.get_rank()
+    torch.manual_seed(7 + rank)  # different inits per rank: DDP's broadcast must fix them
+    base = Net(**(model or {}))
+    results = {}
+    for kind, ddp_cls, hooks in (
+        ("torch", TorchDDP, torch_hooks),
+        ("ferrodist", FerroDDP, fd_hooks),
+    ):
+        net = copy.deepcopy(base)
+        wrapped = ddp_cls(net, **(ddp or {}))
+        layout: list[Any] = []
+        if hook is not None:
+            if swap_hooks:  # torch's DDP runs ferrodist's hook and the other way round
+                hooks = fd_hooks if hooks is torch_hooks else torch_hooks
+            fn = getattr(hooks, hook)
+            if hook.endswith("_wrapper"):
+                fn = fn(hooks.allreduce_hook)
+            if record:
+                fn = _layout_recorder(wrapped, fn, layout)
+            wrapped.register_comm_hook(None, fn)
+        opt = torch.optim.SGD(wrapped.parameters(), lr=0.05, momentum=0.9)
+        for step, x in enumerate(_batches(rank, steps)):
+            use_spare = spare_on_rank is not None and (spare_on_rank < 0 or rank == spare_on_rank)
+            accumulate = no_sync_every and (step % no_sync_every) != no_sync_every - 1
+            if accumulate:
+                with wrapped.no_sync():
+                    wrapped(x, use_spare).square().mean().backward()
+                continue
+            wrapped(x, use_spare).square().mean().backward()
+            opt.step()
+            opt.zero_grad(set_to_none=zero_grad_to_none)
+        results[kind] = {
+            "params": {n: p.detach().clone() for n, p in net.named_parameters()},
+            "buffers": {n: b.detach().clone() for n, b in net.named_buffers()},
+            "layout": layout,
+            "rebuilt": bool(wrapped._has_rebuilt_buckets),
+        }
+    return results
+
+
+def subgroup() -> dict[str, Any]:
+    """DDP over ``new_group([1, 2])``: group rank 0 is global rank 1; rank 0 sits out."""
+    group = dist.new_group([1, 2])
+    if dist.get_rank() == 0:
+        empty: dict[str, Any] = {"params": {}, "buffers": {}}
+        return {"torch": empty, "ferrodist": empty}
+    return run(model={"bn": True}, ddp={"bucket_cap_mb": 0.01, "process_group": group})
+
+
+def uneven_join(divide_by_initial_world_size: bool = True) -> dict[str, Any]:
+    """Rank r trains on 3 + 2r batches inside ``ddp.join()``; both DDPs must agree."""
+    rank = dist.get_rank()
+    torch.manual_seed(3)
+    base = Net(bn=True)
+    results = {}
+    for kind, ddp_cls in (("torch", TorchDDP), ("ferrodist", FerroDDP)):
+        net = copy.deepcopy(base)
+        wrapped = ddp_cls(net, bucket_cap_mb=0.01)
+        opt = torch.optim.SGD(wrapped.parameters(), lr=0.05)
+        with wrapped.join(divide_by_initial_world_size=divide_by_initial_world_size):
+            for x in _batches(rank, 3 + 2 * rank):
+                wrapped(x).square().mean().backward()
+                opt.step()
+                opt.zero_grad()
+        results[kind] = {"params": {n: p.detach().clone() for n, p in net.named_parameters()}}
+    return results
+
+
+def mismatch_error() -> str:
+    """Construct ferrodist's DDP over models that differ on rank 1; return the error text."""
+    rank = dist.get_rank()
+    net = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 3 + (rank == 1)))
+    try:
+        FerroDDP(net)
+    except RuntimeError as e:
+        return str(e)
+    return ""
+
+
+def unused_without_detection() -> str:
+    """An unused parameter without find_unused_parameters: the next forward must explain it."""
+    net = Net(unused=True)
+    wrapped = FerroDDP(net)
+    x = _batches(dist.get_rank(), 1)[0]
+    wrapped(x).sum().backward()
+    try:
+        wrapped(x)
+    except RuntimeError as e:
+        return str(e)
+    return ""
+
+
+def fused_optimizer() -> dict[str, Any]:
+    """torch's optimizer-overlap hook (``_register_fused_optim``) on both DDPs."""
+    rank = dist.get_rank()
+    torch.manual_seed(11)
+    base = Net()
+    results = {}
+    for kind, ddp_cls in (("torch", TorchDDP), ("ferrodist", FerroDDP)):
+        net = copy.deepcopy(base)
+        wrapped = ddp_cls(net)
+        wrapped._register_fused_optim(torch.optim.SGD, lr=0.1)
+        for x in _batches(rank, 3):
+            wrapped(x).square().mean().backward()
+        results[kind] = {"params": {n: p.detach().clone() for n, p in net.named_parameters()}}
+    return results
+
+
+def builtin_hook(kind_name: str) -> dict[str, Any]:
+    """``_register_builtin_comm_hook`` with torch's enum on torch, ferrodist's on ours."""
+    rank = dist.get_rank()
+    torch.manual_seed(5)
+    base = Net()
+    results = {}
+    for kind, ddp_cls, enum in (
+        ("torch", TorchDDP, dist.BuiltinCommHookType),
+        ("ferrodist", FerroDDP, ferrodist.BuiltinCommHookType),
+    ):
+        net = copy.deepcopy(base)
+        wrapped = ddp_cls(net)
+        wrapped._register_builtin_comm_hook(getattr(enum, kind_name))
+        opt = torch.optim.SGD(wrapped.parameters(), lr=0.05)
+        for x in _batches(rank, 3):
+            wrapped(x).square().mean().backward()
+            opt.step()
+            opt.zero_grad()
+        results[kind] = {"params": {n: p.detach().clone() for n, p in net.named_parameters()}}
+    return results
+
+
+def _compare(res: dict[str, Any]) -> dict[str, Any]:
+    t, f = res["torch"], res["ferrodist"]
+    diffs = {n: (t["params"][n] - f["params"][n]).abs().max().item() for n in t["params"]}
+    return {
+        "bitwise": all(torch.equal(t["params"][n], f["params"][n]) for n in t["params"]),
+        "buffers_bitwise": all(
+            torch.equal(t["buffers"][n], f["buffers"][n]) for n in t.get("buffers", {})
+        ),
+        "max_diff": max(diffs.values(), default=0.0),
+        "torch_layout": t.get("layout", []),
+        "ferrodist_layout": f.get("layout", []),
+        "rebuilt": (t.get("rebuilt"), f.get("rebuilt")),
+        "ferrodist_params": {n: p.tolist() for n, p in f["params"].items()},
+    }
+
+
+#: name -> zero-argument scenario; the test module asserts on each one's comparison.
+SCENARIOS: dict[str, Callable[[], dict[str, Any]]] = {
+    "default": lambda: run(ddp={"bucket_cap_mb": 0.01}),
+    "allreduce_hook_layout": lambda: run(
+        ddp={"bucket_cap_mb": 0.01}, hook="allreduce_hook", record=True
+    ),
+    "unused_find": lambda: run(
+        model={"unused": True},
+        ddp={"find_unused_parameters": True, "bucket_cap_mb": 0.01},
+        spare_on_rank=1,
+        hook="allreduce_hook",
+        record=True,
+    ),
+    "unused_everywhere": lambda: run(
+        model={"unused": True}, ddp={"find_unused_parameters": True}, spare_on_rank=None
+    ),
+    "tied_and_buffers": lambda: run(model={"tied": True, "bn": True}, ddp={"bucket_cap_mb": 0.01}),
+    "no_sync": lambda: run(ddp={"bucket_cap_mb": 0.01}, no_sync_every=2, steps=6),
+    "bucket_view_no_sync": lambda: run(
+        model={"bn": True},
+        ddp={"bucket_cap_mb": 0.01, "gradient_as_bucket_view": True},
+        no_sync_every=2,
+        steps=6,
+        zero_grad_to_none=False,
+    ),
+    "bucket_view_unused": lambda: run(
+        model={"unused": True},
+        ddp={"gradient_as_bucket_view": True, "find_unused_parameters": True},
+        spare_on_rank=0,
+    ),
+    "static_graph": lambda: run(
+        model={"unused": True},
+        ddp={"static_graph": True, "bucket_cap_mb": 0.01},
+        hook="allreduce_hook",
+        record=True,
+        steps=5,
+    ),
+    "fp16_compress": lambda: run(ddp={"bucket_cap_mb": 0.01}, hook="fp16_compress_hook"),
+    "fp16_wrapper_swapped": lambda: run(
+        ddp={"bucket_cap_mb": 0.01, "gradient_as_bucket_view": True},
+        hook="fp16_compress_wrapper",
+        swap_hooks=True,
+    ),
+    "subgroup": subgroup,
+    "join_uneven": uneven_join,
+    "join_uneven_dynamic_divisor": lambda: uneven_join(divide_by_initial_world_size=False),
+    "fused_optimizer": fused_optimizer,
+    "builtin_allreduce": lambda: builtin_hook("ALLREDUCE"),
+    "builtin_fp16": lambda: builtin_hook("FP16_COMPRESS"),
+}
+
+
+def run_all() -> dict[str, Any]:
+    """Every scenario plus the two error texts, compared; what one rank reports."""
+    out: dict[str, Any] = {name: _compare(fn()) for name, fn in SCENARIOS.items()}
+    out["mismatch_error"] = mismatch_error()
+    out["unused_error"] = unused_without_detection()
+    return out

@@ -1,0 +1,118 @@
+"""The torch.distributed names ferrodist exports are torch's own objects, or clear stand-ins.
+
+Drop-in means ``isinstance`` checks, ``except`` clauses and torch code that receives these
+objects all behave as with ``torch.distributed``; the simplest proof is identity.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as tdist
+import torch.distributed.distributed_c10d as c10d
+
+import ferrodist as dist
+
+TORCH_OBJECTS = [
+    "ProcessGroup", "Work", "ReduceOp", "AllreduceOptions", "AllreduceCoalescedOptions",
+    "BroadcastOptions", "ReduceOptions", "AllgatherOptions", "GatherOptions", "ScatterOptions",
+    "ReduceScatterOptions", "AllToAllOptions", "BarrierOptions", "Backend", "BackendConfig",
+    "DebugLevel", "get_debug_level", "set_debug_level", "GroupMember", "group",
+    "_broadcast_coalesced", "_verify_params_across_processes", "_ProcessGroupWrapper",
+    "_register_process_group", "_resolve_process_group", "_unregister_process_group",
+    "_unregister_all_process_groups", "_set_global_rank", "_hash_tensors",
+    "_make_nccl_premul_sum", "_test_python_store", "ProcessGroupGloo", "ProcessGroupNCCL",
+    "_DistributedBackendOptions", "P2POp", "batch_isend_irecv", "broadcast", "all_gather",
+    "all_gather_into_tensor", "gather", "scatter", "all_to_all", "all_to_all_single", "send",
+    "recv", "isend", "irecv", "barrier", "monitored_barrier", "all_gather_object",
+    "broadcast_object_list", "gather_object", "scatter_object_list", "send_object_list",
+    "recv_object_list", "is_initialized", "get_rank", "get_world_size",
+    "get_backend", "new_group", "new_subgroups", "new_subgroups_by_enumeration",
+    "get_process_group_ranks", "get_global_rank", "get_group_rank",
+]  # fmt: skip
+WRAPPED = [
+    "all_reduce", "reduce", "reduce_scatter", "reduce_scatter_tensor", "init_process_group",
+    "destroy_process_group",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("name", TORCH_OBJECTS)
+def test_name_is_torchs_own_object(name: str):
+    theirs = getattr(tdist, name, None) or getattr(c10d, name, None)
+    theirs = theirs or getattr(torch._C._distributed_c10d, name)
+    assert getattr(dist, name) is theirs
+    assert name in dist.__all__
+
+
+@pytest.mark.parametrize("name", WRAPPED)
+def test_wrapped_names_keep_torchs_signature(name: str):
+    import inspect
+
+    ours = list(inspect.signature(getattr(dist, name)).parameters)
+    theirs = [p for p in inspect.signature(getattr(tdist, name)).parameters if p != "_ranks"]
+    assert ours == theirs
+
+
+def test_reduce_op_has_every_member():
+    for member in ("SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR", "PREMUL_SUM"):
+        assert getattr(dist.ReduceOp, member) == getattr(tdist.ReduceOp, member)
+    op = dist._make_nccl_premul_sum(2.0)
+    assert isinstance(op, tdist.ReduceOp)
+
+
+def test_debug_level_round_trips():
+    before = dist.get_debug_level()
+    try:
+        dist.set_debug_level(dist.DebugLevel.INFO)
+        assert tdist.get_debug_level() == dist.DebugLevel.INFO
+    finally:
+        dist.set_debug_level(before)
+
+
+@pytest.mark.skipif(tdist.is_ucc_available(), reason="this torch has UCC")
+def test_ucc_stand_in_raises_a_clear_error():
+    with pytest.raises(RuntimeError, match="built without UCC"):
+        dist.ProcessGroupUCC(tdist.HashStore(), 0, 1)
+    assert not dist.is_ucc_available()
+
+
+@pytest.mark.skipif(tdist.is_mpi_available(), reason="this torch has MPI")
+def test_mpi_stand_in_raises_a_clear_error():
+    with pytest.raises(RuntimeError, match="built without MPI"):
+        dist.ProcessGroupMPI.create([0])
+
+
+def test_round_robin_rejects_empty_and_non_groups():
+    with pytest.raises(ValueError, match="at least one"):
+        dist._round_robin_process_groups([])
+    with pytest.raises(TypeError, match="ProcessGroup"):
+        dist.ProcessGroupRoundRobin([object()])  # type: ignore[list-item]
+    assert issubclass(dist.ProcessGroupRoundRobin, tdist.ProcessGroup)
+
+
+class _Recorder(tdist.ProcessGroup):
+    """A one-rank group that records which collective it was asked to run."""
+
+    def __init__(self) -> None:
+        super().__init__(0, 1)
+        self.calls: list[tuple[str, tuple]] = []
+
+    def allreduce(self, *args):  # type: ignore[override]
+        self.calls.append(("allreduce", args))
+        return "work"
+
+    def broadcast(self, *args):  # type: ignore[override]
+        self.calls.append(("broadcast", args))
+        return "work"
+
+
+def test_round_robin_hands_each_call_to_the_next_group_in_turn():
+    first, second = _Recorder(), _Recorder()
+    rr = dist._round_robin_process_groups([first, second])
+    assert isinstance(rr, tdist.ProcessGroup) and (rr.rank(), rr.size()) == (0, 1)
+    assert rr.allreduce(["a"]) == "work"
+    rr.broadcast(["b"])
+    rr.allreduce(["c"])
+    assert first.calls == [("allreduce", (["a"],)), ("allreduce", (["c"],))]
+    assert second.calls == [("broadcast", (["b"],))]
+    assert rr.process_groups == [first, second]
