@@ -15,9 +15,12 @@
 //! Any protocol breach closes this connection only; the server and other clients carry on.
 
 use std::collections::VecDeque;
+use std::future::Future;
 use std::net::SocketAddr;
+use std::task::Poll;
 
 use bytes::BytesMut;
+use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 
 use super::codec::{
@@ -117,11 +120,14 @@ impl Handler {
                     self.input.reserve(
                         need.saturating_sub(self.input.len()).clamp(MIN_READ, READ_CHUNK),
                     );
-                    match self.stream.try_read_buf(&mut self.input) {
-                        Ok(0) => return Ok(()),
-                        Ok(_) => {}
-                        Err(err) if err.kind() == std::io::ErrorKind::WouldBlock => {}
-                        Err(err) => return Err(err.into()),
+                    // One poll of a read, not `try_read_buf`: a short read then clears the
+                    // readiness, which saves an EAGAIN read (a syscall) after every request.
+                    // Spurious readiness reads nothing and loops.
+                    let mut read = std::pin::pin!(self.stream.read_buf(&mut self.input));
+                    match std::future::poll_fn(|cx| Poll::Ready(read.as_mut().poll(cx))).await {
+                        Poll::Ready(Ok(0)) => return Ok(()),
+                        Poll::Ready(Ok(_)) | Poll::Pending => {}
+                        Poll::Ready(Err(err)) => return Err(err.into()),
                     }
                 }
                 _ = async { waiting.expect("guarded").released().await }, if waiting.is_some() => {
