@@ -291,6 +291,17 @@ proptest! {
     }
 
     /// A valid stream decodes to the same requests however the network splits it.
+    /// Every request encodes to one complete frame that scans and decodes back to itself.
+    #[test]
+    fn every_request_round_trips(req in request()) {
+        let mut buf = BytesMut::new();
+        req.encode(&mut buf);
+        let len = buf.len();
+        prop_assert_eq!(scan_request(&buf, &Limits::default()), Ok(Scan::Complete(len)));
+        prop_assert_eq!(decode_request(&mut buf, &Limits::default()), Ok(Some(req)));
+        prop_assert!(buf.is_empty());
+    }
+
     #[test]
     fn valid_streams_decode_the_same_under_any_split(
         requests in proptest::collection::vec(request(), 1..8),

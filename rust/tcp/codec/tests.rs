@@ -178,37 +178,6 @@ fn bytes_strategy(max: usize) -> impl Strategy<Value = Bytes> {
     proptest::collection::vec(any::<u8>(), 0..max).prop_map(Bytes::from)
 }
 
-fn request_strategy() -> impl Strategy<Value = Request> {
-    let k = || bytes_strategy(16);
-    let v = || bytes_strategy(64);
-    let ks = || proptest::collection::vec(bytes_strategy(16), 0..5);
-    prop_oneof![
-        any::<u32>().prop_map(|magic| Request::Validate { magic }),
-        (k(), v()).prop_map(|(key, value)| Request::Set { key, value }),
-        (k(), v(), v()).prop_map(|(key, expected, desired)| Request::CompareSet {
-            key,
-            expected,
-            desired
-        }),
-        k().prop_map(|key| Request::Get { key }),
-        (k(), any::<i64>()).prop_map(|(key, delta)| Request::Add { key, delta }),
-        ks().prop_map(|keys| Request::Check { keys }),
-        ks().prop_map(|keys| Request::Wait { keys }),
-        Just(Request::GetNumKeys),
-        k().prop_map(|key| Request::DeleteKey { key }),
-        (k(), v()).prop_map(|(key, value)| Request::Append { key, value }),
-        ks().prop_map(|keys| Request::MultiGet { keys }),
-        proptest::collection::vec((k(), v()), 0..4).prop_map(|pairs| Request::MultiSet { pairs }),
-        Just(Request::CancelWait),
-        any::<u32>().prop_map(|nonce| Request::Ping { nonce }),
-        (k(), v()).prop_map(|(key, value)| Request::QueuePush { key, value }),
-        k().prop_map(|key| Request::QueuePop { key }),
-        k().prop_map(|key| Request::QueueLen { key }),
-        Just(Request::ListKeys),
-        (k(), any::<i64>()).prop_map(|(key, world_size)| Request::Barrier { key, world_size }),
-    ]
-}
-
 fn reply_strategy() -> impl Strategy<Value = (ReplyKind, Reply)> {
     prop_oneof![
         any::<u8>().prop_map(|b| (ReplyKind::Byte, Reply::Byte(b))),
@@ -230,15 +199,6 @@ fn reply_strategy() -> impl Strategy<Value = (ReplyKind, Reply)> {
 }
 
 proptest! {
-    #[test]
-    fn every_request_round_trips(req in request_strategy()) {
-        let mut buf = encoded(&req);
-        let len = buf.len();
-        prop_assert_eq!(scan_request(&buf, &Limits::default()), Ok(Scan::Complete(len)));
-        prop_assert_eq!(decode_request(&mut buf, &Limits::default()), Ok(Some(req)));
-        prop_assert!(buf.is_empty());
-    }
-
     #[test]
     fn every_reply_round_trips((kind, reply) in reply_strategy()) {
         let mut buf = BytesMut::new();
