@@ -183,11 +183,12 @@ impl Client {
 
     async fn flush(&mut self) -> Result<()> {
         // A server that died since the last call has left an EOF to read. Without this check a
-        // fire-and-forget request (SET) would "succeed" into the void; tokio answers from its
-        // readiness flags, so on a live connection this costs no system call.
+        // fire-and-forget request (SET) would "succeed" into the void. It asks the kernel (one
+        // non-blocking peek), not tokio's readiness flags: a store's connection is driven only
+        // while a call runs (see `caller_driven`), so those flags can be stale.
         if self.input.is_empty() {
-            self.input.reserve(4096);
-            match self.stream.try_read_buf(&mut self.input) {
+            let mut probe = [std::mem::MaybeUninit::<u8>::uninit(); 1];
+            match socket2::SockRef::from(&self.stream).peek(&mut probe) {
                 Ok(0) => return Err(closed(&self.peer, CLOSED_BY_SERVER)),
                 Ok(_) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}

@@ -29,6 +29,7 @@
 //! * `client.rs`: async client; `store.rs` + `store_impl.rs`: blocking Store facade.
 //! * `cli.rs`: the `ferrodist-store` command line (binary and console script).
 
+pub mod caller_driven;
 pub mod cli;
 pub mod client;
 pub mod codec;

@@ -3,7 +3,7 @@
 //!
 //! It adds torch's key conventions on top of [`Client`] (user keys travel as `/key`, the worker
 //! counter is the bare `init/`) so it shares one key space with stock torch clients, and it runs
-//! every call on the process's one runtime with a deadline: nothing waits forever, a server that
+//! every call on the caller's thread ([`CallerDriven`]) with a deadline: nothing waits forever, a server that
 //! stops answering fails the call with a network error within the store timeout (torch's client
 //! would hang in `recv`).
 //!
@@ -24,6 +24,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
+use super::caller_driven::CallerDriven;
 use super::client::Client;
 use super::codec::{Limits, Reply, Request};
 use super::server::{Server, ServerConfig};
@@ -94,6 +95,8 @@ pub struct TcpStore {
     timeout: Mutex<Duration>,
     conn: tokio::sync::Mutex<Option<Client>>,
     server: Option<Arc<Server>>,
+    /// Drives `conn` on the caller's thread; declared last so the connection drops first.
+    driver: CallerDriven,
 }
 
 fn wire(key: &str) -> Bytes {
@@ -133,8 +136,8 @@ impl TcpStore {
         let port = server
             .as_ref()
             .map_or(options.port, |s| s.local_addr().port());
-        let rt = crate::runtime::runtime();
-        let client = rt.block_on(Client::connect(&options.host, port, options.timeout))?;
+        let driver = CallerDriven::new()?;
+        let client = driver.block_on(Client::connect(&options.host, port, options.timeout))?;
         let store = TcpStore {
             host: options.host.clone(),
             port,
@@ -142,6 +145,7 @@ impl TcpStore {
             timeout: Mutex::new(options.timeout),
             conn: tokio::sync::Mutex::new(Some(client)),
             server,
+            driver,
         };
         if let (Some(world_size), true) = (options.world_size, options.wait_for_workers) {
             store.raw_add(WORKER_COUNTER_KEY, 1)?;
@@ -214,7 +218,7 @@ impl TcpStore {
     ) -> Result<T> {
         let limit = deadline.unwrap_or_else(|| self.timeout());
         let deadline = Deadline::after(limit);
-        crate::runtime::runtime().block_on(async {
+        self.driver.block_on(async {
             let work = async {
                 let mut slot = self.conn.lock().await;
                 if slot.as_ref().map_or(true, Client::is_broken) {

@@ -8,6 +8,7 @@ use bytes::Bytes;
 use super::{expect_value, wire, wire_all, TcpStore};
 use crate::error::{Error, Result};
 use crate::store::Store;
+use crate::tcp::caller_driven::CallerDriven;
 use crate::tcp::client::Client;
 use crate::tcp::codec::{Reply, Request};
 
@@ -43,8 +44,8 @@ impl TcpStore {
     /// A new connection to the same server (torch's `clone()`): not a master, no worker count.
     pub fn connect_clone(&self) -> Result<TcpStore> {
         let timeout = self.timeout();
-        let client =
-            crate::runtime::runtime().block_on(Client::connect(&self.host, self.port, timeout))?;
+        let driver = CallerDriven::new()?;
+        let client = driver.block_on(Client::connect(&self.host, self.port, timeout))?;
         Ok(TcpStore {
             host: self.host.clone(),
             port: self.port,
@@ -52,6 +53,7 @@ impl TcpStore {
             timeout: std::sync::Mutex::new(timeout),
             conn: tokio::sync::Mutex::new(Some(client)),
             server: self.server.clone(),
+            driver,
         })
     }
 }
