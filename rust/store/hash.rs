@@ -1,10 +1,19 @@
-//! In-process store: a map, a set of queues, one mutex and one condition variable.
+//! In-process store: a map, a set of queues and one mutex; each blocked caller sleeps on its own
+//! condition variable.
+//!
+//! Why not one condition variable for the store: every write then woke every blocked caller to
+//! re-check its keys. A world-64 `all_gather` has 64 callers each waiting for 64 keys, so each
+//! of the 64 writes woke all 64 (4096 wake-ups, most of the collective's time). Here a caller
+//! registers under the keys it is still missing with a count of them; a write to a key counts
+//! down its watchers and wakes only those whose count reaches zero. A woken caller re-checks its
+//! condition (a key may have been deleted again) and registers anew if it still has to wait.
 //!
 //! Semantics follow torch's `HashStore`, with one deliberate fix: `add` wakes waiters too
 //! (torch's does not, so a waiter on a key created by `add` sleeps until its timeout).
 //! `clone_store` returns a handle to the same map, as torch's `clone()` returns the same store.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -15,9 +24,16 @@ use crate::error::{Error, Result};
 struct State {
     values: HashMap<String, Vec<u8>>,
     queues: HashMap<String, VecDeque<Vec<u8>>>,
-    /// Threads inside a condition-variable wait. Writers wake only when it is non-zero: a
-    /// `notify_all` is a system call even with nobody waiting, and was most of a `set`.
-    waiters: usize,
+    /// Blocked callers by the keys they are still missing. Empty unless someone waits, so a
+    /// write with nobody waiting pays one emptiness check.
+    watchers: HashMap<String, Vec<Arc<Watcher>>>,
+}
+
+/// One blocked caller: how many of its keys are still unwritten, and where it sleeps.
+struct Watcher {
+    /// Decremented under the store's lock by each write to one of its keys.
+    missing: AtomicUsize,
+    wake: Condvar,
 }
 
 impl State {
@@ -29,7 +45,6 @@ impl State {
 
 struct Shared {
     state: Mutex<State>,
-    changed: Condvar,
     timeout: Mutex<Duration>,
 }
 
@@ -51,7 +66,6 @@ impl HashStore {
         HashStore {
             shared: Arc::new(Shared {
                 state: Mutex::new(State::default()),
-                changed: Condvar::new(),
                 timeout: Mutex::new(DEFAULT_TIMEOUT),
             }),
         }
@@ -64,10 +78,12 @@ impl HashStore {
     }
 
     /// Blocks until `ready(state)` holds or the deadline passes; returns the guard on success.
+    /// `watch` names the keys whose writes can make `ready` true.
     fn wait_until<'a>(
         &'a self,
         mut guard: MutexGuard<'a, State>,
         deadline: Deadline,
+        watch: &[&str],
         ready: impl Fn(&State) -> bool,
     ) -> std::result::Result<MutexGuard<'a, State>, MutexGuard<'a, State>> {
         while !ready(&guard) {
@@ -75,35 +91,73 @@ impl HashStore {
             if left.is_some_and(|l| l.is_zero()) {
                 return Err(guard);
             }
-            guard.waiters += 1;
-            let changed = &self.shared.changed;
+            let mut seen = HashSet::new();
+            let distinct: Vec<&str> = watch.iter().copied().filter(|k| seen.insert(*k)).collect();
+            let mut missing: Vec<&str> = distinct
+                .iter()
+                .copied()
+                .filter(|k| !guard.present(k))
+                .collect();
+            if missing.is_empty() {
+                // `ready` asks for more than presence (a value, not a queue): any write counts.
+                missing = distinct;
+            }
+            let watcher = Arc::new(Watcher {
+                missing: AtomicUsize::new(missing.len().max(1)),
+                wake: Condvar::new(),
+            });
+            for key in &missing {
+                let list = guard.watchers.entry((*key).to_owned()).or_default();
+                list.push(Arc::clone(&watcher));
+            }
             guard = match left {
-                None => changed.wait(guard).unwrap_or_else(|p| p.into_inner()),
+                None => watcher.wake.wait(guard).unwrap_or_else(|p| p.into_inner()),
                 Some(left) => {
-                    changed
+                    watcher
+                        .wake
                         .wait_timeout(guard, left)
                         .unwrap_or_else(|p| p.into_inner())
                         .0
                 }
             };
-            guard.waiters -= 1;
+            for key in &missing {
+                if let Some(list) = guard.watchers.get_mut(*key) {
+                    list.retain(|w| !Arc::ptr_eq(w, &watcher));
+                    if list.is_empty() {
+                        guard.watchers.remove(*key);
+                    }
+                }
+            }
         }
         Ok(guard)
     }
 
-    /// Releases the lock and wakes waiters, if there are any, to look at the new state.
-    fn publish(&self, state: MutexGuard<'_, State>) {
-        let anyone_waiting = state.waiters > 0;
-        drop(state);
-        if anyone_waiting {
-            self.shared.changed.notify_all();
+    /// Counts down the watchers of the written `keys`, wakes those with nothing left to wait
+    /// for, and releases the lock.
+    fn publish<'k>(
+        &self,
+        mut state: MutexGuard<'_, State>,
+        keys: impl IntoIterator<Item = &'k str>,
+    ) {
+        if !state.watchers.is_empty() {
+            for key in keys {
+                for watcher in state.watchers.remove(key).unwrap_or_default() {
+                    if watcher.missing.fetch_sub(1, Ordering::Relaxed) == 1 {
+                        watcher.wake.notify_one();
+                    }
+                }
+            }
         }
+        drop(state);
     }
 
     fn wait_for_keys(&self, keys: &[String], timeout: Duration, op: &str) -> Result<()> {
         let guard = self.lock();
         let deadline = Deadline::after(timeout);
-        match self.wait_until(guard, deadline, |s| keys.iter().all(|k| s.present(k))) {
+        let watch: Vec<&str> = keys.iter().map(String::as_str).collect();
+        match self.wait_until(guard, deadline, &watch, |s| {
+            keys.iter().all(|k| s.present(k))
+        }) {
             Ok(_) => Ok(()),
             Err(state) => {
                 let missing: Vec<String> =
@@ -118,7 +172,7 @@ impl Store for HashStore {
     fn set(&self, key: &str, value: &[u8]) -> Result<()> {
         let mut state = self.lock();
         state.values.insert(key.to_owned(), value.to_vec());
-        self.publish(state);
+        self.publish(state, [key]);
         Ok(())
     }
 
@@ -127,7 +181,7 @@ impl Store for HashStore {
         if let Some(value) = guard.values.get(key) {
             return Ok(value.clone());
         }
-        match self.wait_until(guard, Deadline::after(timeout), |s| {
+        match self.wait_until(guard, Deadline::after(timeout), &[key], |s| {
             s.values.contains_key(key)
         }) {
             Ok(state) => Ok(state.values[key].clone()),
@@ -146,7 +200,7 @@ impl Store for HashStore {
         state
             .values
             .insert(key.to_owned(), next.to_string().into_bytes());
-        self.publish(state);
+        self.publish(state, [key]);
         Ok(next)
     }
 
@@ -164,7 +218,7 @@ impl Store for HashStore {
             }
             Some(current) => current.clone(),
         };
-        self.publish(state);
+        self.publish(state, [key]);
         Ok(result)
     }
 
@@ -216,14 +270,15 @@ impl Store for HashStore {
             .entry(key.to_owned())
             .or_default()
             .extend_from_slice(value);
-        self.publish(state);
+        self.publish(state, [key]);
         Ok(())
     }
 
     fn multi_get(&self, keys: &[String]) -> Result<Vec<Vec<u8>>> {
         let guard = self.lock();
         let timeout = self.timeout();
-        match self.wait_until(guard, Deadline::after(timeout), |s| {
+        let watch: Vec<&str> = keys.iter().map(String::as_str).collect();
+        match self.wait_until(guard, Deadline::after(timeout), &watch, |s| {
             keys.iter().all(|k| s.values.contains_key(k))
         }) {
             Ok(state) => Ok(keys.iter().map(|k| state.values[k].clone()).collect()),
@@ -250,7 +305,7 @@ impl Store for HashStore {
         for (k, v) in keys.iter().zip(values) {
             state.values.insert(k.clone(), v.clone());
         }
-        self.publish(state);
+        self.publish(state, keys.iter().map(String::as_str));
         Ok(())
     }
 
@@ -261,8 +316,7 @@ impl Store for HashStore {
             .entry(key.to_owned())
             .or_default()
             .push_back(value.to_vec());
-        // Wake everyone: a waiter on a plain key shares the condition variable.
-        self.publish(state);
+        self.publish(state, [key]);
         Ok(())
     }
 
@@ -352,5 +406,51 @@ mod tests {
         for h in handles {
             h.join().unwrap().unwrap();
         }
+    }
+
+    #[test]
+    fn many_waiters_on_many_keys_are_each_released_once_all_their_keys_exist() {
+        let store = HashStore::new();
+        let keys: Vec<String> = (0..16).map(|r| format!("k/{r}")).collect();
+        let waiters: Vec<_> = (0..16)
+            .map(|_| {
+                let (store, keys) = (store.clone(), keys.clone());
+                thread::spawn(move || store.multi_get(&keys).unwrap())
+            })
+            .collect();
+        for (r, key) in keys.iter().enumerate() {
+            thread::sleep(Duration::from_millis(1));
+            store.set(key, r.to_string().as_bytes()).unwrap();
+        }
+        let expected: Vec<Vec<u8>> = (0..16).map(|r| r.to_string().into_bytes()).collect();
+        for waiter in waiters {
+            assert_eq!(waiter.join().unwrap(), expected);
+        }
+        assert!(
+            store.lock().watchers.is_empty(),
+            "released waiters leave no registration"
+        );
+    }
+
+    #[test]
+    fn a_waiter_whose_key_is_deleted_again_keeps_waiting_until_it_reappears() {
+        let store = HashStore::new();
+        let writer = store.clone();
+        let handle = thread::spawn(move || {
+            thread::sleep(Duration::from_millis(20));
+            let mut state = writer.lock();
+            // a write to "k" that is gone again before the waiter can look (set, then delete,
+            // under one lock): the waiter is counted down and woken but must wait on
+            state.values.insert("k".into(), b"1".to_vec());
+            state.values.remove("k");
+            writer.publish(state, ["k"]);
+            thread::sleep(Duration::from_millis(50));
+            writer.set("k", b"2").unwrap();
+        });
+        assert_eq!(
+            store.get_timeout("k", Duration::from_secs(10)).unwrap(),
+            b"2"
+        );
+        handle.join().unwrap();
     }
 }
