@@ -83,6 +83,8 @@ __all__ = [
 
 
 _default_group_stores: list[_tdist.Store] = []
+_rendezvous_stores: list[_tdist.Store] = []
+"""The stores ferrodist's rendezvous built for the default group (not the caller's)."""
 
 
 def destroy_process_group(group: Optional[_tdist.ProcessGroup] = None) -> None:
@@ -90,6 +92,13 @@ def destroy_process_group(group: Optional[_tdist.ProcessGroup] = None) -> None:
     ends_default = group is None or group is _tdist.GroupMember.WORLD
     _tdist.destroy_process_group(group)
     if ends_default:
+        for made_here in _rendezvous_stores:
+            # The rendezvous built it, so nothing else may rely on it: free its port now rather
+            # than whenever the object happens to be collected.
+            stop = getattr(made_here, "_stop_server", None)
+            if stop is not None:
+                stop()
+        _rendezvous_stores.clear()
         _default_group_stores.clear()
 
 
@@ -140,6 +149,7 @@ def init_process_group(
         timeout = _default_timeout(backend)
     elif not isinstance(timeout, timedelta):
         raise TypeError(f"timeout must be a datetime.timedelta, got {type(timeout).__name__}")
+    store_given = store
     stores = [] if store is None else [store]
     if store is None:
         url = init_method if init_method is not None else "env://"
@@ -158,3 +168,4 @@ def init_process_group(
         device_id=device_id,
     )
     _default_group_stores[:] = stores
+    _rendezvous_stores[:] = stores if store_given is None else []

@@ -121,6 +121,11 @@ class TCPStore(_NativeBackedStore):
         super().__init__(handle.store())
         self._handle = handle
 
+    def _stop_server(self) -> None:
+        """Stops the server this store hosts (a no-op on a client), returning once its port is
+        free; every client of it fails from then on."""
+        self._handle.stop_server()
+
     @property
     def host(self) -> str:
         """The server's host name, as given."""

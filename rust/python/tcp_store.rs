@@ -50,6 +50,11 @@ impl PyTcpStoreHandle {
         self.inner.server().is_some()
     }
 
+    /// Stops the server this store hosts (no-op for a client), waiting until its port is free.
+    fn stop_server(&self, py: Python<'_>) {
+        py.detach(|| self.inner.stop_server());
+    }
+
     /// A new connection to the same server (torch's ``clone()``).
     fn clone_handle(&self, py: Python<'_>) -> PyResult<Self> {
         let inner = detached(py, || self.inner.connect_clone())?;

@@ -63,7 +63,7 @@ pub struct Server {
     local_addr: SocketAddr,
     db: Db,
     trigger: Trigger,
-    drain: Option<Drain>,
+    drain: std::sync::Mutex<Option<Drain>>,
     /// The process that started the server: a forked child has none of its tasks to wait for.
     owner_pid: u32,
 }
@@ -171,7 +171,7 @@ impl Server {
             local_addr,
             db,
             trigger,
-            drain: Some(drain),
+            drain: std::sync::Mutex::new(Some(drain)),
             owner_pid: std::process::id(),
         })
     }
@@ -189,7 +189,12 @@ impl Server {
     /// Stops accepting, closes every connection and waits up to `grace` for their tasks.
     pub async fn shutdown(mut self, grace: Duration) {
         self.trigger.fire();
-        if let Some(drain) = self.drain.take() {
+        let drain = self
+            .drain
+            .get_mut()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(drain) = drain {
             let _ = tokio::time::timeout(grace, drain.wait()).await;
         }
     }
@@ -198,22 +203,29 @@ impl Server {
 /// How long dropping a server outside the runtime waits for its listener and connections.
 const DROP_GRACE: Duration = Duration::from_secs(2);
 
-impl Drop for Server {
-    fn drop(&mut self) {
+impl Server {
+    /// Stops the server from synchronous code: stops accepting, closes every connection and,
+    /// outside the runtime, waits (at most [`DROP_GRACE`]) until the listener is closed, so the
+    /// port can be bound again as soon as this returns (a second `init_process_group` on the
+    /// same tcp:// address must not race the old server). On a runtime thread, or in a forked
+    /// child that has none of the server's tasks, it only signals. Idempotent.
+    pub fn stop(&self) {
         self.trigger.fire();
-        // On a runtime thread nothing may block: the tasks notice the signal on their own.
-        // Elsewhere (a Python thread dropping its store) wait, bounded, until the listener is
-        // closed, so the port can be bound again as soon as the drop returns (a second
-        // `init_process_group` on the same tcp:// address must not race the old server).
         let owned_here = self.owner_pid == std::process::id();
         if owned_here && tokio::runtime::Handle::try_current().is_err() {
-            if let Some(drain) = self.drain.take() {
-                let runtime = crate::runtime::runtime();
-                runtime.block_on(async {
+            let drain = self.drain.lock().unwrap_or_else(|p| p.into_inner()).take();
+            if let Some(drain) = drain {
+                crate::runtime::runtime().block_on(async {
                     let _ = tokio::time::timeout(DROP_GRACE, drain.wait()).await;
                 });
             }
         }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.stop();
     }
 }
 

@@ -171,6 +171,14 @@ impl TcpStore {
         self.use_libuv
     }
 
+    /// Stops the server this store hosts, if any (see [`Server::stop`]); its clients, this
+    /// store's included, fail from then on.
+    pub fn stop_server(&self) {
+        if let Some(server) = &self.server {
+            server.stop();
+        }
+    }
+
     /// The server this store hosts, if it is a master.
     pub fn server(&self) -> Option<&Arc<Server>> {
         self.server.as_ref()

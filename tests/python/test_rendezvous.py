@@ -155,10 +155,13 @@ def test_world_of_one_runs_collectives_and_premul_sum_in_process():
 @pytest.mark.timeout(60)
 def test_tcp_port_is_free_again_after_destroy(free_port: int):
     url = f"tcp://127.0.0.1:{free_port}?rank=0&world_size=1"
+    held = []  # a reference kept elsewhere must not keep the port: destroy stops the server
     for _ in range(2):  # the second init binds the same port: the first server must be gone
         dist.init_process_group("gloo", init_method=url, timeout=timedelta(seconds=20))
         dist.barrier()
+        held.extend(dist.process_group._rendezvous_stores)
         dist.destroy_process_group()
+    assert len(held) == 2 and all(isinstance(s, dist.TCPStore) for s in held)
 
 
 @pytest.mark.timeout(60)
