@@ -24,23 +24,9 @@ pub fn detached_sliced<T: Send>(
     timeout: Duration,
     op: impl FnMut(Duration) -> Result<T> + Send,
 ) -> PyResult<T> {
-    let mut pending: Option<PyErr> = None;
-    let outcome = py.detach(|| {
-        let mut interrupted = || {
-            Python::attach(|py| py.check_signals()).map_err(|err| {
-                pending = Some(err);
-                Error::Interrupted
-            })
-        };
-        sliced(timeout, op, &mut interrupted)
-    });
-    match (outcome, pending) {
-        (Err(Error::Interrupted), Some(err)) => Err(err),
-        (outcome, _) => outcome.map_err(to_py),
-    }
+    detached_interruptible(py, |interrupted| sliced(timeout, op, interrupted))
 }
 
-// --- collectives ---
 /// Runs `op` with the GIL released, handing it a hook that re-takes the GIL briefly to check
 /// for Ctrl-C; `op` calls it between slices of its waits (see [`crate::store::sliced`]).
 pub fn detached_interruptible<T: Send>(
