@@ -66,6 +66,9 @@ pub struct Server {
     drain: std::sync::Mutex<Option<Drain>>,
     /// The process that started the server: a forked child has none of its tasks to wait for.
     owner_pid: u32,
+    /// A second descriptor of the listening socket, so [`Server::stop`] can end the listening
+    /// itself even when the accept task cannot run promptly (busy or blocked runtime workers).
+    listening: std::sync::Mutex<Option<std::net::TcpListener>>,
 }
 
 /// The addresses to try binding for `host`, most preferred first.
@@ -158,6 +161,7 @@ impl Server {
         warn_if_backlog_too_small(config.expected_clients);
         listener.set_nonblocking(true)?;
         let local_addr = listener.local_addr()?;
+        let listening = listener.try_clone()?;
         let db = Db::new();
         let (trigger, shutdown, drain) = shutdown::channel();
         let runtime = crate::runtime::runtime();
@@ -173,6 +177,7 @@ impl Server {
             trigger,
             drain: std::sync::Mutex::new(Some(drain)),
             owner_pid: std::process::id(),
+            listening: std::sync::Mutex::new(Some(listening)),
         })
     }
 
@@ -211,6 +216,17 @@ impl Server {
     /// child that has none of the server's tasks, it only signals. Idempotent.
     pub fn stop(&self) {
         self.trigger.fire();
+        let listening = self
+            .listening
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(listening) = listening {
+            // Shutting down a listening socket makes Linux stop listening on its port at once
+            // (pending and future connects are refused); the descriptor is ours, so this cannot
+            // touch a socket that has reused a closed descriptor number.
+            let _ = socket2::SockRef::from(&listening).shutdown(std::net::Shutdown::Read);
+        }
         let owned_here = self.owner_pid == std::process::id();
         if owned_here && tokio::runtime::Handle::try_current().is_err() {
             let drain = self.drain.lock().unwrap_or_else(|p| p.into_inner()).take();
