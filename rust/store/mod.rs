@@ -57,6 +57,11 @@ impl Deadline {
         self.timeout
     }
 
+    /// The instant it passes, `None` when unbounded.
+    pub fn at(&self) -> Option<Instant> {
+        self.at
+    }
+
     /// Time left, `None` when unbounded; zero once passed.
     pub fn remaining(&self) -> Option<Duration> {
         self.at

@@ -1,4 +1,5 @@
-//! The async TCPStore client: one connection to a torch or ferrodist server.
+//! The TCPStore client: one blocking connection to a torch or ferrodist server, driven by the
+//! calling thread (see [`ClientSocket`] for why blocking, and its brief spin before sleeping).
 //!
 //! It speaks raw wire keys (callers add torch's `/` prefix; see [`super::store`]) and follows the
 //! stock client's sequences, so any torch >= 2.4 server accepts it:
@@ -16,17 +17,17 @@
 //!   and any other request first cancels it. That lets a caller wait in short slices (to notice
 //!   Ctrl-C) without a WAIT/CANCEL_WAIT pair per slice.
 //!
-//! Every method is cancellation-safe in the sense that matters: if its future is dropped midway
-//! (an outer deadline), the client marks itself broken and the next call fails fast with
-//! [`Error::ConnectionClosed`], so the owner reconnects instead of reading a stale reply.
+//! Every call takes a [`Deadline`]. A call that passes it midway fails with a network error and
+//! leaves the client broken ([`Client::is_broken`]): the next call fails fast with
+//! [`Error::ConnectionClosed`], so the owner reconnects instead of reading a stale reply. A wait
+//! that passes its own (shorter) timeout is not broken; see [`Client::wait_then`].
 
-use std::net::SocketAddr;
-use std::time::Duration;
+use std::net::{IpAddr, SocketAddr, TcpStream, ToSocketAddrs};
+use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 
+use super::client_socket::{ClientSocket, Filled};
 use super::codec::{
     decode_reply, Limits, Reply, ReplyKind, Request, NOT_READY, READY, SERVER_MARKER_KEY,
     STOP_WAITING, VALIDATE_MAGIC, WAIT_CANCELED,
@@ -53,8 +54,10 @@ struct PendingWait {
 
 /// One connection to a store server.
 pub struct Client {
-    stream: TcpStream,
+    socket: ClientSocket,
     peer: String,
+    /// The deadline of the call in progress.
+    deadline: Deadline,
     input: BytesMut,
     output: BytesMut,
     ferrodist_server: bool,
@@ -79,13 +82,51 @@ fn jitter() -> f64 {
     0.5 + (mixed >> 11) as f64 / (1u64 << 53) as f64
 }
 
+/// The earlier of two optional instants (`None` is "never").
+fn earliest(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, None) => a,
+        (None, b) => b,
+    }
+}
+
+/// Resolves `host` forward only, within `deadline`. An IP literal needs no lookup; a name is
+/// looked up on a helper thread, so a resolver that never answers cannot outlast the deadline
+/// (the thread is left to finish on its own).
+fn resolve(host: &str, port: u16, deadline: Deadline) -> Result<Vec<SocketAddr>> {
+    let literal = host.trim_start_matches('[').trim_end_matches(']');
+    if let Ok(ip) = literal.parse::<IpAddr>() {
+        return Ok(vec![SocketAddr::new(ip, port)]);
+    }
+    let (tx, rx) = std::sync::mpsc::channel();
+    let name = host.to_owned();
+    std::thread::Builder::new()
+        .name("ferrodist-resolve".into())
+        .spawn(move || {
+            let found = (name.as_str(), port)
+                .to_socket_addrs()
+                .map(|addrs| addrs.collect::<Vec<_>>());
+            let _ = tx.send(found);
+        })?;
+    let found = match deadline.remaining() {
+        None => rx.recv().ok(),
+        Some(left) => rx.recv_timeout(left).ok(),
+    };
+    match found {
+        Some(Ok(addrs)) => Ok(addrs),
+        Some(Err(e)) => Err(Error::Network(format!("resolving {host}: {e}"))),
+        None => Err(Error::Network(format!("resolving {host} timed out"))),
+    }
+}
+
 impl Client {
     /// Connects and handshakes, retrying with backoff until `timeout` (zero: forever) passes.
-    pub async fn connect(host: &str, port: u16, timeout: Duration) -> Result<Client> {
+    pub fn connect(host: &str, port: u16, timeout: Duration) -> Result<Client> {
         let deadline = Deadline::after(timeout);
         let mut interval = BACKOFF_START;
         loop {
-            let last = match Client::connect_once(host, port, deadline).await {
+            let last = match Client::connect_once(host, port, deadline) {
                 Ok(client) => return Ok(client),
                 Err(err) => err,
             };
@@ -100,43 +141,40 @@ impl Client {
                         deadline.timeout().as_millis()
                     )));
                 }
-                _ => tokio::time::sleep(delay).await,
+                _ => std::thread::sleep(delay),
             }
         }
     }
 
     /// One attempt: resolve, connect to each address in turn, handshake. No retry.
-    pub async fn connect_once(host: &str, port: u16, deadline: Deadline) -> Result<Client> {
-        let within = |left: Option<Duration>| left.unwrap_or(Duration::from_secs(3600));
-        let addrs: Vec<SocketAddr> = tokio::time::timeout(
-            within(deadline.remaining()),
-            tokio::net::lookup_host((host, port)),
-        )
-        .await
-        .map_err(|_| Error::Network(format!("resolving {host} timed out")))?
-        .map_err(|e| Error::Network(format!("resolving {host}: {e}")))?
-        .collect();
+    pub fn connect_once(host: &str, port: u16, deadline: Deadline) -> Result<Client> {
         let mut last = Error::Network(format!("{host} resolved to no address"));
-        for addr in addrs {
-            let attempt = async {
-                let io = |e: std::io::Error| Error::Network(format!("connecting to {addr}: {e}"));
-                let stream = TcpStream::connect(addr).await.map_err(io)?;
-                stream.set_nodelay(true).map_err(io)?;
-                Client::handshake(stream, format!("{host}:{port}")).await
+        for addr in resolve(host, port, deadline)? {
+            let io = |e: std::io::Error| Error::Network(format!("connecting to {addr}: {e}"));
+            let stream = match deadline.remaining() {
+                Some(left) if left.is_zero() => {
+                    return Err(Error::Network(format!("connecting to {addr} timed out")))
+                }
+                Some(left) => TcpStream::connect_timeout(&addr, left),
+                None => TcpStream::connect(addr),
             };
-            match tokio::time::timeout(within(deadline.remaining()), attempt).await {
-                Ok(Ok(client)) => return Ok(client),
-                Ok(Err(err)) => last = err,
-                Err(_) => last = Error::Network(format!("connecting to {addr} timed out")),
+            let attempt = stream
+                .and_then(|s| ClientSocket::new(s, deadline.timeout()))
+                .map_err(io)
+                .and_then(|socket| Client::handshake(socket, format!("{host}:{port}"), deadline));
+            match attempt {
+                Ok(client) => return Ok(client),
+                Err(err) => last = err,
             }
         }
         Err(last)
     }
 
-    async fn handshake(stream: TcpStream, peer: String) -> Result<Client> {
+    fn handshake(socket: ClientSocket, peer: String, deadline: Deadline) -> Result<Client> {
         let mut client = Client {
-            stream,
+            socket,
             peer,
+            deadline,
             input: BytesMut::with_capacity(4096),
             output: BytesMut::with_capacity(4096),
             ferrodist_server: false,
@@ -153,8 +191,8 @@ impl Client {
             keys: vec![Bytes::from_static(SERVER_MARKER_KEY)],
         };
         marker.encode(&mut client.output);
-        client.flush().await?;
-        match client.read_reply(ReplyKind::Nonce).await? {
+        client.flush()?;
+        match client.read_reply(ReplyKind::Nonce)? {
             Reply::Nonce(echo) if echo == nonce => {}
             other => {
                 return Err(Error::Network(format!(
@@ -162,7 +200,7 @@ impl Client {
                 )))
             }
         }
-        client.ferrodist_server = client.read_reply(ReplyKind::Byte).await? == Reply::Byte(READY);
+        client.ferrodist_server = client.read_reply(ReplyKind::Byte)? == Reply::Byte(READY);
         Ok(client)
     }
 
@@ -181,50 +219,93 @@ impl Client {
         self.busy
     }
 
-    async fn flush(&mut self) -> Result<()> {
+    fn passed_deadline(&self) -> Error {
+        Error::Network(format!(
+            "no reply from the store at {} within {}ms",
+            self.peer,
+            self.deadline.timeout().as_millis()
+        ))
+    }
+
+    fn flush(&mut self) -> Result<()> {
         // A server that died since the last call has left an EOF to read. Without this check a
-        // fire-and-forget request (SET) would "succeed" into the void. It asks the kernel (one
-        // non-blocking peek), not tokio's readiness flags: a store's connection is driven only
-        // while a call runs (see `caller_driven`), so those flags can be stale.
+        // fire-and-forget request (SET) would "succeed" into the void; a request with a reply
+        // finds the EOF when it reads.
         if self.input.is_empty() {
-            let mut probe = [std::mem::MaybeUninit::<u8>::uninit(); 1];
-            match socket2::SockRef::from(&self.stream).peek(&mut probe) {
-                Ok(0) => return Err(closed(&self.peer, CLOSED_BY_SERVER)),
-                Ok(_) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            match self.socket.peer_closed() {
+                Ok(false) => {}
+                Ok(true) => return Err(closed(&self.peer, CLOSED_BY_SERVER)),
                 Err(e) => return Err(closed(&self.peer, format!("connection broken: {e}"))),
             }
         }
-        let result = self.stream.write_all(&self.output).await;
+        let result = self.socket.send_all(&self.output, self.deadline.at());
         self.output.clear();
-        result.map_err(|e| closed(&self.peer, format!("send failed: {e}")))
+        match result {
+            Ok(()) => Ok(()),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::TimedOut | std::io::ErrorKind::WouldBlock
+                ) =>
+            {
+                Err(self.passed_deadline())
+            }
+            Err(e) => Err(closed(&self.peer, format!("send failed: {e}"))),
+        }
     }
 
-    async fn read_reply(&mut self, kind: ReplyKind) -> Result<Reply> {
+    /// Reads one reply, giving up at `until` (the earlier of it and the call's deadline):
+    /// `Ok(None)` when `until` came first, an error when the call's deadline did.
+    fn read_reply_until(
+        &mut self,
+        kind: ReplyKind,
+        until: Option<Instant>,
+    ) -> Result<Option<Reply>> {
+        let limit = earliest(until, self.deadline.at());
         loop {
             if let Some(reply) = decode_reply(kind, &mut self.input, &Limits::UNLIMITED)? {
-                return Ok(reply);
+                return Ok(Some(reply));
             }
-            self.input.reserve(64 * 1024);
-            match self.stream.read_buf(&mut self.input).await {
-                Ok(0) => return Err(closed(&self.peer, CLOSED_BY_SERVER)),
-                Ok(_) => {}
+            match self.socket.fill(&mut self.input, limit) {
+                Ok(Filled::Data) => {}
+                Ok(Filled::Eof) => return Err(closed(&self.peer, CLOSED_BY_SERVER)),
+                Ok(Filled::TimedOut) if self.deadline.expired() => {
+                    return Err(self.passed_deadline())
+                }
+                // Only a wait's own timeout ends a read between replies; a reply cut short
+                // leaves bytes behind, which the next call must not misread.
+                Ok(Filled::TimedOut) if self.input.is_empty() => return Ok(None),
+                Ok(Filled::TimedOut) => return Err(self.passed_deadline()),
                 Err(e) => return Err(closed(&self.peer, format!("recv failed: {e}"))),
             }
         }
     }
 
-    async fn read_byte(&mut self) -> Result<u8> {
-        match self.read_reply(ReplyKind::Byte).await? {
-            Reply::Byte(b) => Ok(b),
-            other => Err(Error::Protocol(format!(
+    fn read_reply(&mut self, kind: ReplyKind) -> Result<Reply> {
+        match self.read_reply_until(kind, None)? {
+            Some(reply) => Ok(reply),
+            None => Err(self.passed_deadline()),
+        }
+    }
+
+    fn read_byte(&mut self) -> Result<u8> {
+        self.read_byte_until(None)?
+            .ok_or_else(|| self.passed_deadline())
+    }
+
+    fn read_byte_until(&mut self, until: Option<Instant>) -> Result<Option<u8>> {
+        match self.read_reply_until(ReplyKind::Byte, until)? {
+            None => Ok(None),
+            Some(Reply::Byte(b)) => Ok(Some(b)),
+            Some(other) => Err(Error::Protocol(format!(
                 "expected a status byte, got {other:?}"
             ))),
         }
     }
 
-    /// Marks the start of a call; fails if an earlier call was abandoned midway.
-    fn begin(&mut self) -> Result<()> {
+    /// Marks the start of a call bounded by `deadline`; fails if an earlier call was abandoned
+    /// midway.
+    fn begin(&mut self, deadline: Deadline) -> Result<()> {
         if self.busy {
             return Err(closed(
                 &self.peer,
@@ -232,18 +313,19 @@ impl Client {
             ));
         }
         self.busy = true;
+        self.deadline = deadline;
         Ok(())
     }
 
     /// Sends one request and reads its reply (`None` for fire-and-forget requests), cancelling
     /// a pending wait first.
-    pub async fn call(&mut self, request: &Request) -> Result<Option<Reply>> {
-        self.begin()?;
-        self.settle().await?;
+    pub fn call(&mut self, deadline: Deadline, request: &Request) -> Result<Option<Reply>> {
+        self.begin(deadline)?;
+        self.settle()?;
         request.encode(&mut self.output);
-        self.flush().await?;
+        self.flush()?;
         let reply = match request.reply_kind() {
-            Some(kind) => Some(self.read_reply(kind).await?),
+            Some(kind) => Some(self.read_reply(kind)?),
             None => None,
         };
         self.busy = false;
@@ -251,13 +333,13 @@ impl Client {
     }
 
     /// Cancels a pending wait (torch's CANCEL_WAIT exchange), reading every reply it owed.
-    async fn settle(&mut self) -> Result<()> {
+    fn settle(&mut self) -> Result<()> {
         let Some(pending) = self.pending.take() else {
             return Ok(());
         };
         Request::CancelWait.encode(&mut self.output);
-        self.flush().await?;
-        match self.read_byte().await? {
+        self.flush()?;
+        match self.read_byte()? {
             WAIT_CANCELED => return Ok(()),
             STOP_WAITING => {}
             other => {
@@ -267,9 +349,9 @@ impl Client {
             }
         }
         if let Some(kind) = pending.follow.as_ref().and_then(Request::reply_kind) {
-            self.read_reply(kind).await?;
+            self.read_reply(kind)?;
         }
-        match self.read_byte().await? {
+        match self.read_byte()? {
             WAIT_CANCELED => Ok(()),
             other => Err(Error::Protocol(format!(
                 "wait_canceled response is expected, got {other}"
@@ -281,21 +363,23 @@ impl Client {
     ///
     /// On timeout returns `Ok(Err(()))` with the wait still registered: calling again with the
     /// same keys and follow-up resumes it, anything else cancels it first. `timeout` of `None`
-    /// waits forever.
-    pub async fn wait_then(
+    /// waits forever (within the call's `deadline`).
+    pub fn wait_then(
         &mut self,
+        deadline: Deadline,
         keys: &[Bytes],
         follow: Option<Request>,
         timeout: Option<Duration>,
     ) -> Result<std::result::Result<Option<Reply>, ()>> {
-        self.begin()?;
+        let wait_until = timeout.and_then(|t| Instant::now().checked_add(t));
+        self.begin(deadline)?;
         let pipeline = self.ferrodist_server && follow.is_some();
         let wanted = PendingWait {
             keys: keys.to_vec(),
             follow: follow.clone().filter(|_| pipeline),
         };
         if self.pending.as_ref() != Some(&wanted) {
-            self.settle().await?;
+            self.settle()?;
             Request::Wait {
                 keys: keys.to_vec(),
             }
@@ -303,17 +387,10 @@ impl Client {
             if let Some(f) = &wanted.follow {
                 f.encode(&mut self.output);
             }
-            self.flush().await?;
+            self.flush()?;
             self.pending = Some(wanted);
         }
-        let stop = match timeout {
-            None => Some(self.read_byte().await?),
-            Some(t) => match tokio::time::timeout(t, self.read_byte()).await {
-                Ok(byte) => Some(byte?),
-                Err(_) => None,
-            },
-        };
-        let Some(stop) = stop else {
+        let Some(stop) = self.read_byte_until(wait_until)? else {
             self.busy = false;
             return Ok(Err(()));
         };
@@ -324,15 +401,12 @@ impl Client {
         }
         self.pending = None;
         let reply = match follow {
-            Some(f) if pipeline => Some(
-                self.read_reply(f.reply_kind().expect("has a reply"))
-                    .await?,
-            ),
+            Some(f) if pipeline => Some(self.read_reply(f.reply_kind().expect("has a reply"))?),
             Some(f) => {
                 f.encode(&mut self.output);
-                self.flush().await?;
+                self.flush()?;
                 match f.reply_kind() {
-                    Some(kind) => Some(self.read_reply(kind).await?),
+                    Some(kind) => Some(self.read_reply(kind)?),
                     None => None,
                 }
             }
@@ -345,28 +419,23 @@ impl Client {
     /// BARRIER: counts this arrival at `key` and waits for `world_size` arrivals. On timeout the
     /// wait is cancelled at once (the arrival stays counted, as on torch) and `Ok(false)` is
     /// returned.
-    pub async fn barrier(
+    pub fn barrier(
         &mut self,
+        deadline: Deadline,
         key: Bytes,
         world_size: i64,
         timeout: Option<Duration>,
     ) -> Result<bool> {
-        self.begin()?;
-        self.settle().await?;
+        let wait_until = timeout.and_then(|t| Instant::now().checked_add(t));
+        self.begin(deadline)?;
+        self.settle()?;
         Request::Barrier {
             key: key.clone(),
             world_size,
         }
         .encode(&mut self.output);
-        self.flush().await?;
-        let released = match timeout {
-            None => Some(self.read_byte().await?),
-            Some(t) => tokio::time::timeout(t, self.read_byte())
-                .await
-                .ok()
-                .transpose()?,
-        };
-        match released {
+        self.flush()?;
+        match self.read_byte_until(wait_until)? {
             Some(STOP_WAITING) => {}
             Some(other) => {
                 return Err(Error::Protocol(format!(
@@ -378,7 +447,7 @@ impl Client {
                     keys: vec![key],
                     follow: None,
                 });
-                self.settle().await?;
+                self.settle()?;
                 self.busy = false;
                 return Ok(false);
             }
@@ -388,13 +457,11 @@ impl Client {
     }
 
     /// CHECK: true iff every key is present.
-    pub async fn check(&mut self, keys: &[Bytes]) -> Result<bool> {
-        match self
-            .call(&Request::Check {
-                keys: keys.to_vec(),
-            })
-            .await?
-        {
+    pub fn check(&mut self, deadline: Deadline, keys: &[Bytes]) -> Result<bool> {
+        let request = Request::Check {
+            keys: keys.to_vec(),
+        };
+        match self.call(deadline, &request)? {
             Some(Reply::Byte(READY)) => Ok(true),
             Some(Reply::Byte(NOT_READY)) => Ok(false),
             other => Err(Error::Protocol(format!(
@@ -404,8 +471,8 @@ impl Client {
     }
 
     /// A request whose reply is an `i64` (ADD, GETNUMKEYS, DELETE_KEY, QUEUE_LEN).
-    pub async fn call_int(&mut self, request: &Request) -> Result<i64> {
-        match self.call(request).await? {
+    pub fn call_int(&mut self, deadline: Deadline, request: &Request) -> Result<i64> {
+        match self.call(deadline, request)? {
             Some(Reply::Int(n)) => Ok(n),
             other => Err(Error::Protocol(format!(
                 "expected an integer reply, got {other:?}"
@@ -414,8 +481,8 @@ impl Client {
     }
 
     /// A request whose reply is one value (GET, COMPARE_SET).
-    pub async fn call_value(&mut self, request: &Request) -> Result<Bytes> {
-        match self.call(request).await? {
+    pub fn call_value(&mut self, deadline: Deadline, request: &Request) -> Result<Bytes> {
+        match self.call(deadline, request)? {
             Some(Reply::Value(v)) => Ok(v),
             other => Err(Error::Protocol(format!(
                 "expected a value reply, got {other:?}"

@@ -13,8 +13,8 @@
 //!   [`server::bind`] / [`server::adopt`], [`Server::local_addr`], [`Server::shutdown`],
 //!   [`server::accept_loop`] for a caller that runs its own loop.
 //! * [`state`]: [`Db`], the server's shared map, queues and waiter registry.
-//! * [`client`]: the async [`Client`] (connect with retry and backoff, handshake, every op,
-//!   wait with CANCEL_WAIT); raw wire keys, no `/` prefix.
+//! * [`client`]: the blocking [`Client`] (connect with retry and backoff, handshake, every op,
+//!   wait with CANCEL_WAIT, each call under a deadline); raw wire keys, no `/` prefix.
 //! * [`store`]: [`TcpStore`], the blocking torch-compatible [`crate::store::Store`] over a
 //!   client (user keys get torch's `/` prefix), hosting a server when it is the master.
 //! * [`shutdown`]: the stop signal and drain used by the server.
@@ -26,12 +26,13 @@
 //! * `state.rs`: the server's shared map, queues and waiters.
 //! * `handler.rs`: one connection; `outbox.rs`: its replies not yet written.
 //! * `server.rs`: bind and accept; `shutdown.rs`: stop signal and drain.
-//! * `client.rs`: async client; `store.rs` + `store_impl.rs`: blocking Store facade.
+//! * `client.rs`: the client's protocol sequences; `client_socket.rs`: its socket, read by the
+//!   calling thread with a deadline; `store.rs` + `store_impl.rs`: the Store facade.
 //! * `cli.rs`: the `ferrodist-store` command line (binary and console script).
 
-pub mod caller_driven;
 pub mod cli;
 pub mod client;
+pub mod client_socket;
 pub mod codec;
 pub mod handler;
 pub mod outbox;

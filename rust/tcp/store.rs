@@ -3,9 +3,10 @@
 //!
 //! It adds torch's key conventions on top of [`Client`] (user keys travel as `/key`, the worker
 //! counter is the bare `init/`) so it shares one key space with stock torch clients, and it runs
-//! every call on the caller's thread ([`CallerDriven`]) with a deadline: nothing waits forever, a server that
-//! stops answering fails the call with a network error within the store timeout (torch's client
-//! would hang in `recv`).
+//! every call on the caller's thread with a deadline: nothing waits forever, a server that stops
+//! answering fails the call with a network error within the store timeout (torch's client would
+//! hang in `recv`). Calls from several threads take turns on the one connection; each holds it
+//! for at most its own deadline.
 //!
 //! A master hosts the server in its own process, on the runtime (no thread of its own), and
 //! counts workers by waiting on the server's state directly rather than polling it. With
@@ -14,17 +15,14 @@
 //! After a connection breaks (server restarted, call abandoned at its deadline), the next call
 //! makes one reconnect attempt before failing, so a store survives a restarted server.
 //!
-//! Do not call it from inside the runtime (an async task): use [`Client`] there.
+//! Its calls block the calling thread: do not make them from inside the runtime (an async task).
 
 use std::collections::HashMap;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
 use bytes::Bytes;
 
-use super::caller_driven::CallerDriven;
 use super::client::Client;
 use super::codec::{Limits, Reply, Request};
 use super::server::{Server, ServerConfig};
@@ -85,18 +83,14 @@ fn tenants() -> &'static Mutex<HashMap<u16, Weak<Server>>> {
     TENANTS.get_or_init(Default::default)
 }
 
-type Op<'c, T> = Pin<Box<dyn Future<Output = Result<T>> + Send + 'c>>;
-
 /// A blocking, torch-compatible TCP store client (and, for a master, its server).
 pub struct TcpStore {
     host: String,
     port: u16,
     use_libuv: bool,
     timeout: Mutex<Duration>,
-    conn: tokio::sync::Mutex<Option<Client>>,
+    conn: Mutex<Option<Client>>,
     server: Option<Arc<Server>>,
-    /// Drives `conn` on the caller's thread; declared last so the connection drops first.
-    driver: CallerDriven,
 }
 
 fn wire(key: &str) -> Bytes {
@@ -136,16 +130,14 @@ impl TcpStore {
         let port = server
             .as_ref()
             .map_or(options.port, |s| s.local_addr().port());
-        let driver = CallerDriven::new()?;
-        let client = driver.block_on(Client::connect(&options.host, port, options.timeout))?;
+        let client = Client::connect(&options.host, port, options.timeout)?;
         let store = TcpStore {
             host: options.host.clone(),
             port,
             use_libuv: options.use_libuv,
             timeout: Mutex::new(options.timeout),
-            conn: tokio::sync::Mutex::new(Some(client)),
+            conn: Mutex::new(Some(client)),
             server,
-            driver,
         };
         if let (Some(world_size), true) = (options.world_size, options.wait_for_workers) {
             store.raw_add(WORKER_COUNTER_KEY, 1)?;
@@ -219,40 +211,24 @@ impl TcpStore {
 
     /// Runs `op` on the connection with `deadline` (`None`: the store timeout, zero: none),
     /// reconnecting once first if the connection broke earlier.
-    fn run<T: Send>(
+    fn run<T>(
         &self,
         deadline: Option<Duration>,
-        op: impl for<'c> FnOnce(&'c mut Client) -> Op<'c, T> + Send,
+        op: impl FnOnce(&mut Client, Deadline) -> Result<T>,
     ) -> Result<T> {
-        let limit = deadline.unwrap_or_else(|| self.timeout());
-        let deadline = Deadline::after(limit);
-        self.driver.block_on(async {
-            let work = async {
-                let mut slot = self.conn.lock().await;
-                if slot.as_ref().map_or(true, Client::is_broken) {
-                    *slot = None;
-                    *slot = Some(Client::connect_once(&self.host, self.port, deadline).await?);
-                }
-                op(slot.as_mut().expect("connected")).await
-            };
-            match deadline.remaining() {
-                None => work.await,
-                Some(left) => tokio::time::timeout(left, work).await.unwrap_or_else(|_| {
-                    Err(Error::Network(format!(
-                        "no reply from the store at {}:{} within {}ms",
-                        self.host,
-                        self.port,
-                        limit.as_millis()
-                    )))
-                }),
-            }
-        })
+        let deadline = Deadline::after(deadline.unwrap_or_else(|| self.timeout()));
+        let mut slot = self.conn.lock().unwrap_or_else(|p| p.into_inner());
+        if slot.as_ref().map_or(true, Client::is_broken) {
+            *slot = None;
+            *slot = Some(Client::connect_once(&self.host, self.port, deadline)?);
+        }
+        op(slot.as_mut().expect("connected"), deadline)
     }
 
     fn raw_add(&self, key: &str, amount: i64) -> Result<i64> {
         let key = Bytes::copy_from_slice(key.as_bytes());
-        self.run(None, move |c| {
-            Box::pin(async move { c.call_int(&Request::Add { key, delta: amount }).await })
+        self.run(None, |c, d| {
+            c.call_int(d, &Request::Add { key, delta: amount })
         })
     }
 
@@ -267,8 +243,8 @@ impl TcpStore {
         // CANCEL_WAIT exchange a later call may need.
         let bound = (!timeout.is_zero()).then_some(timeout);
         let limit = bound.map_or(Duration::ZERO, |t| t + CANCEL_GRACE);
-        let outcome = self.run(Some(limit), move |c| {
-            Box::pin(async move { c.wait_then(&wire_keys, follow, bound).await })
+        let outcome = self.run(Some(limit), |c, d| {
+            c.wait_then(d, &wire_keys, follow, bound)
         })?;
         outcome.map_err(|()| wait_timeout(timeout, keys))
     }

@@ -8,7 +8,6 @@ use bytes::Bytes;
 use super::{expect_value, wire, wire_all, TcpStore};
 use crate::error::{Error, Result};
 use crate::store::Store;
-use crate::tcp::caller_driven::CallerDriven;
 use crate::tcp::client::Client;
 use crate::tcp::codec::{Reply, Request};
 
@@ -16,21 +15,15 @@ const LEGACY_QUEUES: &str = "queues not implemented on legacy TCPStore backend";
 
 impl TcpStore {
     fn send(&self, request: Request) -> Result<()> {
-        self.run(None, move |c| {
-            Box::pin(async move { c.call(&request).await.map(drop) })
-        })
+        self.run(None, |c, d| c.call(d, &request).map(drop))
     }
 
     fn call_int(&self, request: Request) -> Result<i64> {
-        self.run(None, move |c| {
-            Box::pin(async move { c.call_int(&request).await })
-        })
+        self.run(None, |c, d| c.call_int(d, &request))
     }
 
     fn call_value(&self, request: Request) -> Result<Vec<u8>> {
-        self.run(None, move |c| {
-            Box::pin(async move { c.call_value(&request).await.map(|v| v.to_vec()) })
-        })
+        self.run(None, |c, d| c.call_value(d, &request).map(|v| v.to_vec()))
     }
 
     fn require_queues(&self) -> Result<()> {
@@ -44,16 +37,14 @@ impl TcpStore {
     /// A new connection to the same server (torch's `clone()`): not a master, no worker count.
     pub fn connect_clone(&self) -> Result<TcpStore> {
         let timeout = self.timeout();
-        let driver = CallerDriven::new()?;
-        let client = driver.block_on(Client::connect(&self.host, self.port, timeout))?;
+        let client = Client::connect(&self.host, self.port, timeout)?;
         Ok(TcpStore {
             host: self.host.clone(),
             port: self.port,
             use_libuv: self.use_libuv,
             timeout: std::sync::Mutex::new(timeout),
-            conn: tokio::sync::Mutex::new(Some(client)),
+            conn: std::sync::Mutex::new(Some(client)),
             server: self.server.clone(),
-            driver,
         })
     }
 }
@@ -88,7 +79,7 @@ impl Store for TcpStore {
 
     fn check(&self, keys: &[String]) -> Result<bool> {
         let keys = wire_all(keys);
-        self.run(None, move |c| Box::pin(async move { c.check(&keys).await }))
+        self.run(None, |c, d| c.check(d, &keys))
     }
 
     fn wait(&self, keys: &[String], timeout: Option<Duration>) -> Result<()> {
@@ -167,9 +158,7 @@ impl Store for TcpStore {
             self.wait(&[key.to_owned()], None)?;
         }
         let request = Request::QueuePop { key: wire(key) };
-        let reply = self.run(None, move |c| {
-            Box::pin(async move { c.call(&request).await })
-        })?;
+        let reply = self.run(None, |c, d| c.call(d, &request))?;
         match reply {
             Some(Reply::Popped { value: Some(v), .. }) => Ok(v.to_vec()),
             Some(Reply::Popped { value: None, .. }) => Err(Error::QueueEmpty),
@@ -185,9 +174,7 @@ impl Store for TcpStore {
     }
 
     fn list_keys(&self) -> Result<Vec<String>> {
-        let reply = self.run(None, |c| {
-            Box::pin(async move { c.call(&Request::ListKeys).await })
-        })?;
+        let reply = self.run(None, |c, d| c.call(d, &Request::ListKeys))?;
         match reply {
             Some(Reply::Keys(keys)) => Ok(keys
                 .iter()
@@ -203,8 +190,8 @@ impl Store for TcpStore {
         let bound = (!timeout.is_zero()).then_some(timeout);
         let wire_key = wire(key);
         let limit = bound.map_or(Duration::ZERO, |t| t + super::CANCEL_GRACE);
-        let released = self.run(Some(limit), move |c| {
-            Box::pin(async move { c.barrier(wire_key, world_size, bound).await })
+        let released = self.run(Some(limit), |c, d| {
+            c.barrier(d, wire_key, world_size, bound)
         })?;
         if released {
             Ok(())
