@@ -15,12 +15,12 @@
 //! Any protocol breach closes this connection only; the server and other clients carry on.
 
 use std::collections::VecDeque;
-use std::future::Future;
-use std::net::SocketAddr;
-use std::task::Poll;
+use std::future::{poll_fn, Future};
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
 
 use bytes::BytesMut;
-use tokio::io::AsyncReadExt;
+use tokio::io::{AsyncRead, ReadBuf};
 use tokio::net::TcpStream;
 
 use super::codec::{
@@ -56,10 +56,23 @@ pub enum Closed {
     Refused(String),
 }
 
+/// What woke a connection up.
+enum Event {
+    /// This many bytes were read (0: the peer closed its side).
+    Read(usize),
+    /// The pending wait was released.
+    Released,
+}
+
 /// Per-connection state.
+///
+/// Kept small on purpose: a storm of ranks keeps tens of thousands of these alive, one per
+/// task. No buffer is held while the connection is idle, the peer address is looked up only to
+/// log, and the event loop below polls the socket, the pending wait and the shutdown signal by
+/// hand (`poll_serve`) rather than through `select!`, whose three futures tripled the size of
+/// every connection's task.
 pub struct Handler {
     stream: TcpStream,
-    peer: SocketAddr,
     db: Db,
     limits: Limits,
     input: BytesMut,
@@ -72,10 +85,9 @@ pub struct Handler {
 
 impl Handler {
     /// A handler for an accepted stream.
-    pub fn new(stream: TcpStream, peer: SocketAddr, db: Db, limits: Limits) -> Handler {
+    pub fn new(stream: TcpStream, db: Db, limits: Limits) -> Handler {
         Handler {
             stream,
-            peer,
             db,
             limits,
             input: BytesMut::new(),
@@ -88,19 +100,42 @@ impl Handler {
     }
 
     /// Serves the connection until the peer leaves, breaks the protocol, or shutdown.
-    pub async fn run(mut self, mut shutdown: Shutdown) {
-        match self.serve(&mut shutdown).await {
-            Ok(()) => tracing::debug!(peer = %self.peer, "connection closed"),
-            Err(Closed::Io(err)) => tracing::debug!(peer = %self.peer, %err, "connection lost"),
-            Err(err) => tracing::warn!(peer = %self.peer, %err, "closing connection"),
+    ///
+    /// A plain future over the handler, not an `async fn`: an `async fn` keeps a second copy of
+    /// its arguments in its state, which doubled the memory of every connection's task.
+    pub fn run(mut self, mut shutdown: Shutdown) -> impl Future<Output = ()> + Send {
+        poll_fn(move |cx| {
+            let outcome = ready!(self.poll_serve(cx, &mut shutdown));
+            self.log_end(outcome);
+            Poll::Ready(())
+        })
+    }
+
+    fn log_end(&self, outcome: Result<(), Closed>) {
+        let peer = self.stream.peer_addr().ok();
+        let peer = peer
+            .as_ref()
+            .map_or(&"(gone)" as &dyn std::fmt::Display, |p| p);
+        match outcome {
+            Ok(()) => tracing::debug!(%peer, "connection closed"),
+            Err(Closed::Io(err)) => tracing::debug!(%peer, %err, "connection lost"),
+            Err(err) => tracing::warn!(%peer, %err, "closing connection"),
         }
     }
 
-    async fn serve(&mut self, shutdown: &mut Shutdown) -> Result<(), Closed> {
+    /// The connection's event loop, one poll at a time.
+    fn poll_serve(
+        &mut self,
+        cx: &mut Context<'_>,
+        shutdown: &mut Shutdown,
+    ) -> Poll<Result<(), Closed>> {
         loop {
+            if shutdown.poll_recv(cx).is_ready() {
+                return Poll::Ready(Ok(()));
+            }
             self.process_buffered()?;
             if !self.output.is_empty() {
-                self.output.write_to(&mut self.stream).await?;
+                ready!(self.output.poll_write_to(&mut self.stream, cx))?;
                 // More requests may be buffered behind the ones just answered.
                 continue;
             }
@@ -112,31 +147,39 @@ impl Handler {
                 Scan::Incomplete(need) => need,
                 Scan::Complete(_) => self.input.len() + 1,
             };
-            let waiting = self.waiting.as_mut();
-            tokio::select! {
-                ready = self.stream.readable() => {
-                    ready?;
-                    // The buffer is allocated only once bytes are there to fill it.
-                    self.input.reserve(
-                        need.saturating_sub(self.input.len()).clamp(MIN_READ, READ_CHUNK),
-                    );
-                    // One poll of a read, not `try_read_buf`: a short read then clears the
-                    // readiness, which saves an EAGAIN read (a syscall) after every request.
-                    // Spurious readiness reads nothing and loops.
-                    let mut read = std::pin::pin!(self.stream.read_buf(&mut self.input));
-                    match std::future::poll_fn(|cx| Poll::Ready(read.as_mut().poll(cx))).await {
-                        Poll::Ready(Ok(0)) => return Ok(()),
-                        Poll::Ready(Ok(_)) | Poll::Pending => {}
-                        Poll::Ready(Err(err)) => return Err(err.into()),
-                    }
-                }
-                _ = async { waiting.expect("guarded").released().await }, if waiting.is_some() => {
+            match ready!(self.poll_event(cx, need))? {
+                Event::Read(0) => return Poll::Ready(Ok(())),
+                Event::Read(_) => {}
+                Event::Released => {
                     self.waiting = None;
                     self.output.put_u8(STOP_WAITING);
                 }
-                _ = shutdown.recv() => return Ok(()),
             }
         }
+    }
+
+    /// The next thing to act on: the pending wait's release, or bytes from the peer (appended
+    /// to the input buffer, which wants `need` bytes in all).
+    fn poll_event(&mut self, cx: &mut Context<'_>, need: usize) -> Poll<std::io::Result<Event>> {
+        if let Some(waiter) = self.waiting.as_mut() {
+            if waiter.poll_released(cx).is_ready() {
+                return Poll::Ready(Ok(Event::Released));
+            }
+        }
+        // The buffer is allocated only once bytes are there to fill it.
+        ready!(self.stream.poll_read_ready(cx))?;
+        self.input.reserve(
+            need.saturating_sub(self.input.len())
+                .clamp(MIN_READ, READ_CHUNK),
+        );
+        let mut unfilled = ReadBuf::uninit(self.input.spare_capacity_mut());
+        // tokio's `poll_read` clears the readiness after a short read, which saves an EAGAIN
+        // read (a syscall) after every request; spurious readiness re-registers and pends.
+        ready!(Pin::new(&mut self.stream).poll_read(cx, &mut unfilled))?;
+        let read = unfilled.filled().len();
+        // SAFETY: `poll_read` initialised `read` bytes at the start of the spare capacity.
+        unsafe { self.input.set_len(self.input.len() + read) };
+        Poll::Ready(Ok(Event::Read(read)))
     }
 
     /// Handles every complete request in the buffer (and those held behind a released wait).

@@ -8,8 +8,12 @@
 
 use std::collections::VecDeque;
 
-use bytes::{BufMut, Bytes, BytesMut};
-use tokio::io::AsyncWriteExt;
+use std::io::ErrorKind;
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
+
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+use tokio::io::AsyncWrite;
 
 use super::codec::Reply;
 
@@ -70,22 +74,39 @@ impl Outbox {
         }
     }
 
-    /// Writes everything queued, then gives its buffer back.
-    pub async fn write_to<W: AsyncWriteExt + Unpin>(
+    /// Writes everything queued, then gives its buffer back; pends while the peer's socket is
+    /// full (what was written so far stays written).
+    pub fn poll_write_to<W: AsyncWrite + Unpin>(
         &mut self,
         sink: &mut W,
-    ) -> std::io::Result<()> {
-        while let Some(chunk) = self.chunks.pop_front() {
-            self.queued -= chunk.len();
-            sink.write_all(&chunk).await?;
+        cx: &mut Context<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        while let Some(chunk) = self.chunks.front_mut() {
+            let written = ready!(Pin::new(&mut *sink).poll_write(cx, chunk))?;
+            if written == 0 {
+                return Poll::Ready(Err(ErrorKind::WriteZero.into()));
+            }
+            self.queued -= written;
+            chunk.advance(written);
+            if chunk.is_empty() {
+                self.chunks.pop_front();
+            }
         }
-        if !self.small.is_empty() {
-            sink.write_all(&self.small).await?;
-            self.small.clear();
+        while !self.small.is_empty() {
+            let written = ready!(Pin::new(&mut *sink).poll_write(cx, &self.small))?;
+            if written == 0 {
+                return Poll::Ready(Err(ErrorKind::WriteZero.into()));
+            }
+            self.small.advance(written);
         }
         // Hold no buffer between replies: most connections are idle most of the time.
         self.small = BytesMut::new();
-        Ok(())
+        Poll::Ready(Ok(()))
+    }
+
+    /// Writes everything queued (see [`Outbox::poll_write_to`]).
+    pub async fn write_to<W: AsyncWrite + Unpin>(&mut self, sink: &mut W) -> std::io::Result<()> {
+        std::future::poll_fn(|cx| self.poll_write_to(sink, cx)).await
     }
 }
 

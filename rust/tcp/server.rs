@@ -257,7 +257,7 @@ pub async fn accept_loop(listener: TcpListener, db: Db, limits: Limits, mut shut
                 if let Err(err) = stream.set_nodelay(true) {
                     tracing::debug!(%peer, %err, "TCP_NODELAY failed");
                 }
-                let handler = Handler::new(stream, peer, db.clone(), limits);
+                let handler = Handler::new(stream, db.clone(), limits);
                 tokio::spawn(handler.run(shutdown.clone()));
             }
             Err(err) => {

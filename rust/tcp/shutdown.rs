@@ -1,42 +1,102 @@
 //! Graceful shutdown of a server: tell every task to stop, then wait until they all have.
 //!
-//! The mini-redis pattern: one `watch` channel carries "stop" to the accept loop and every
-//! connection handler; each handler holds a clone of a `mpsc::Sender` it never sends on, so when
-//! the last handler returns, the receiver's `recv()` yields `None` and the drain is complete.
-//! A `watch` (not a `broadcast`) is used so a task that subscribes after the signal still sees it.
+//! The mini-redis pattern, with a signal sized for tens of thousands of connections. "Stop" is a
+//! flag plus a slab of wakers: a task that finds the flag unset parks its waker in the slab once
+//! (one slot, reused for the connection's life), and [`Trigger::fire`] sets the flag and wakes
+//! every parked task. Being pollable, it costs a connection 24 bytes and no future of its own
+//! (a `watch` receiver's `changed()` future cost ~100 bytes in every connection's task). A task
+//! that subscribes after the signal still sees it. Each task also holds a clone of an
+//! `mpsc::Sender` it never sends on, so when the last one is dropped the [`Drain`] completes.
 
-use tokio::sync::{mpsc, watch};
+use std::future::poll_fn;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll, Waker};
+
+use slab::Slab;
+use tokio::sync::mpsc;
+
+/// What the trigger and every [`Shutdown`] share.
+#[derive(Default)]
+struct Signal {
+    stopped: AtomicBool,
+    parked: Mutex<Slab<Waker>>,
+}
+
+impl Signal {
+    fn parked(&self) -> MutexGuard<'_, Slab<Waker>> {
+        self.parked.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
 
 /// The receiving side, one per task: learns that the server is shutting down.
-#[derive(Clone)]
 pub struct Shutdown {
-    stop: watch::Receiver<bool>,
+    signal: Arc<Signal>,
+    /// This task's slot in the signal's slab, once it has parked a waker there.
+    slot: Option<usize>,
     /// Held, never used, so that [`Drain::wait`] knows when every task has finished.
     _alive: mpsc::Sender<()>,
+}
+
+impl Clone for Shutdown {
+    fn clone(&self) -> Self {
+        Shutdown {
+            signal: Arc::clone(&self.signal),
+            slot: None,
+            _alive: self._alive.clone(),
+        }
+    }
 }
 
 impl Shutdown {
     /// True once shutdown has been requested.
     pub fn is_shutdown(&self) -> bool {
-        *self.stop.borrow()
+        self.signal.stopped.load(Ordering::Acquire)
+    }
+
+    /// Ready once shutdown is requested; otherwise arranges for `cx` to be woken when it is.
+    pub fn poll_recv(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        if self.is_shutdown() {
+            return Poll::Ready(());
+        }
+        let mut parked = self.signal.parked();
+        // Checked again under the lock: `fire` sets the flag before it takes the wakers.
+        if self.is_shutdown() {
+            return Poll::Ready(());
+        }
+        match self.slot.and_then(|slot| parked.get_mut(slot)) {
+            Some(waker) if waker.will_wake(cx.waker()) => {}
+            Some(waker) => waker.clone_from(cx.waker()),
+            None => self.slot = Some(parked.insert(cx.waker().clone())),
+        }
+        Poll::Pending
     }
 
     /// Resolves when shutdown is requested (at once if it already was).
     pub async fn recv(&mut self) {
-        // An error means the trigger was dropped, which also means "stop".
-        let _ = self.stop.wait_for(|stop| *stop).await;
+        poll_fn(|cx| self.poll_recv(cx)).await
+    }
+}
+
+impl Drop for Shutdown {
+    fn drop(&mut self) {
+        if let Some(slot) = self.slot.take() {
+            self.signal.parked().try_remove(slot);
+        }
     }
 }
 
 /// The sending side, held by whoever owns the server.
 pub struct Trigger {
-    stop: watch::Sender<bool>,
+    signal: Arc<Signal>,
 }
 
 impl Trigger {
     /// Asks every task to stop. Idempotent.
     pub fn fire(&self) {
-        self.stop.send_replace(true);
+        self.signal.stopped.store(true, Ordering::Release);
+        let wakers: Vec<Waker> = self.signal.parked().drain().collect();
+        wakers.into_iter().for_each(Waker::wake);
     }
 }
 
@@ -54,12 +114,15 @@ impl Drain {
 
 /// A new trigger, the first receiver (clone it for each task) and the drain.
 pub fn channel() -> (Trigger, Shutdown, Drain) {
-    let (stop_tx, stop_rx) = watch::channel(false);
+    let signal = Arc::new(Signal::default());
     let (alive_tx, alive_rx) = mpsc::channel(1);
     (
-        Trigger { stop: stop_tx },
+        Trigger {
+            signal: Arc::clone(&signal),
+        },
         Shutdown {
-            stop: stop_rx,
+            signal,
+            slot: None,
             _alive: alive_tx,
         },
         Drain { done: alive_rx },
@@ -69,6 +132,7 @@ pub fn channel() -> (Trigger, Shutdown, Drain) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     #[tokio::test]
     async fn drain_finishes_after_every_task_saw_the_signal() {
@@ -78,9 +142,32 @@ mod tests {
             tokio::spawn(async move { task_shutdown.recv().await });
         }
         drop(shutdown);
+        tokio::time::sleep(Duration::from_millis(20)).await;
         trigger.fire();
-        tokio::time::timeout(std::time::Duration::from_secs(5), drain.wait())
+        tokio::time::timeout(Duration::from_secs(5), drain.wait())
             .await
             .expect("drained");
+    }
+
+    #[tokio::test]
+    async fn a_task_that_subscribes_after_the_signal_still_stops() {
+        let (trigger, shutdown, _drain) = channel();
+        trigger.fire();
+        let mut late = shutdown.clone();
+        tokio::time::timeout(Duration::from_secs(5), late.recv())
+            .await
+            .expect("sees the earlier signal");
+        assert!(late.is_shutdown());
+    }
+
+    #[tokio::test]
+    async fn finished_tasks_give_their_slots_back() {
+        let (_trigger, shutdown, _drain) = channel();
+        for _ in 0..100 {
+            let mut task_shutdown = shutdown.clone();
+            let parked = poll_fn(|cx| Poll::Ready(task_shutdown.poll_recv(cx))).await;
+            assert!(parked.is_pending());
+        }
+        assert!(shutdown.signal.parked().is_empty());
     }
 }

@@ -11,6 +11,7 @@
 //! so unlike torch's libuv server a stale registration can never wake an unrelated later wait.
 
 use std::collections::{HashMap, HashSet, VecDeque};
+use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use bytes::Bytes;
@@ -136,9 +137,14 @@ pub struct Waiter {
 impl Waiter {
     /// Resolves once every key the wait needed is present.
     pub async fn released(&mut self) {
+        std::future::poll_fn(|cx| self.poll_released(cx)).await
+    }
+
+    /// Ready once every key the wait needed is present.
+    pub fn poll_released(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<()> {
         // The sender lives in the registry until it fires or this waiter is dropped, so an
         // error here cannot happen while `self` exists; treat it as released anyway.
-        let _ = (&mut self.released).await;
+        std::pin::Pin::new(&mut self.released).poll(cx).map(drop)
     }
 }
 

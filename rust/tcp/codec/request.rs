@@ -1,7 +1,7 @@
 //! Requests: the [`Request`] type, its encoding, and the two-step decoder (scan the length
 //! prefixes against the limits, then split the complete frame off without copying).
 
-use bytes::{BufMut, Bytes, BytesMut};
+use bytes::{Buf, BufMut, Bytes, BytesMut};
 
 use super::{put_field, put_keys, Cursor, FrameError, Limits, Opcode, ReplyKind, Scan, Step};
 
@@ -201,15 +201,29 @@ pub fn scan_request(buf: &[u8], limits: &Limits) -> Result<Scan, FrameError> {
     }
 }
 
-/// Splits one complete request off the front of `buf`, or returns `Ok(None)` (leaving `buf`
-/// alone) when it is not complete yet. Keys and values share `buf`'s memory.
+/// Frames shorter than this are copied out of the read buffer; longer ones share its memory.
+///
+/// Sharing pins the whole read buffer for as long as any key or value of the frame lives (a
+/// stored 10-byte value kept a 16 KiB buffer alive, and every pending WAIT its connection's
+/// buffer), while copying a small frame costs less than the allocation it saves.
+pub const SHARE_FRAMES_FROM: usize = 4 * 1024;
+
+/// Takes one complete request off the front of `buf`, or returns `Ok(None)` (leaving `buf`
+/// alone) when it is not complete yet. Keys and values of a large frame share `buf`'s memory;
+/// a small frame is copied (see [`SHARE_FRAMES_FROM`]).
 pub fn decode_request(buf: &mut BytesMut, limits: &Limits) -> Result<Option<Request>, FrameError> {
     let parsed = match parse(buf, limits) {
         Ok(parsed) => parsed,
         Err(Ok(_)) => return Ok(None),
         Err(Err(err)) => return Err(err),
     };
-    let frame = buf.split_to(parsed.len).freeze();
+    let frame = if parsed.len < SHARE_FRAMES_FROM {
+        let copy = Bytes::copy_from_slice(&buf[..parsed.len]);
+        buf.advance(parsed.len);
+        copy
+    } else {
+        buf.split_to(parsed.len).freeze()
+    };
     let field = |i: usize| frame.slice(parsed.spans[i].0..parsed.spans[i].1);
     let all = || (0..parsed.spans.len()).map(field).collect::<Vec<_>>();
     Ok(Some(match parsed.op {

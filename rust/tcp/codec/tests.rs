@@ -214,3 +214,41 @@ proptest! {
         let _ = decode_request(&mut buf, &Limits::default());
     }
 }
+
+/// True when `inner` lies inside the memory of `outer`.
+fn within(inner: &[u8], outer: std::ops::Range<usize>) -> bool {
+    let start = inner.as_ptr() as usize;
+    outer.contains(&start) && start + inner.len() <= outer.end
+}
+
+#[test]
+fn a_small_frame_is_copied_out_so_it_pins_no_read_buffer() {
+    let mut buf = encoded(&Request::Set {
+        key: b("/k"),
+        value: b("small"),
+    });
+    buf.reserve(16 * 1024);
+    let memory = buf.as_ptr() as usize..buf.as_ptr() as usize + buf.capacity();
+    let Some(Request::Set { key, value }) = decode_request(&mut buf, &Limits::default()).unwrap()
+    else {
+        panic!("a SET")
+    };
+    assert_eq!((&key[..], &value[..]), (&b"/k"[..], &b"small"[..]));
+    assert!(!within(&value, memory.clone()) && !within(&key, memory));
+}
+
+#[test]
+fn a_large_frame_shares_the_read_buffer_instead_of_copying() {
+    let big = Bytes::from(vec![9u8; request::SHARE_FRAMES_FROM]);
+    let mut buf = encoded(&Request::Set {
+        key: b("/big"),
+        value: big.clone(),
+    });
+    let memory = buf.as_ptr() as usize..buf.as_ptr() as usize + buf.capacity();
+    let Some(Request::Set { value, .. }) = decode_request(&mut buf, &Limits::default()).unwrap()
+    else {
+        panic!("a SET")
+    };
+    assert_eq!(value, big);
+    assert!(within(&value, memory));
+}
