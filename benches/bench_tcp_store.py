@@ -5,7 +5,8 @@ One run measures, each against the baseline of torch's own client driving torch'
 1. single-client ops/s with p50 and p99 latency for set, get, add, check and wait (small values)
    and for set and get of 1 MiB values, plus the server's CPU time per op (from /proc/PID/stat),
    for three pairs: torch client -> torch libuv server (baseline), ferrodist client -> ferrodist
-   server, and torch's stock client -> ferrodist server;
+   server, and torch's stock client -> ferrodist server. The pairs take turns, round by round
+   (ROUNDS), and ops/s is the median round, so a busy moment on a shared machine hits all three;
 2. the rendezvous storm: N concurrent clients from one Rust load generator (benches/storm.rs)
    aimed at each server in turn (connect, handshake, add a counter, wait for a key the last
    arrival sets, get it), with wall time, server CPU time and server RSS per connection;
@@ -158,37 +159,74 @@ class OpResult:
     server_cpu_us_per_op: float
 
 
-def _time_op(server: Server, op: Callable[[int], object], n: int) -> OpResult:
-    for i in range(min(50, n)):  # warm up
-        op(i)
-    lat = []
-    cpu0 = server.cpu_s()
-    start = time.perf_counter()
-    for i in range(n):
+ROUNDS = 7
+"""Each op is timed in this many rounds, the setups taking turns within a round, so that all of
+them see the same moments of a shared, noisy machine; ops/s is the median round."""
+
+REST_S = 0.2
+"""Idle time before every round. On a virtual machine a thread that has kept its vCPU busy
+loses scheduling credit on the host, and whoever runs next pays for it in wake-up latency
+(measured here: a blocking client right after a spinning one saw 120 us round trips, the same
+client after a rest 25 us). Resting first gives every setup the same starting state."""
+
+
+@dataclass
+class Setup:
+    name: str
+    server: Server
+    store: Any
+
+
+def _time_round(setup: Setup, op: Callable[[Any], object], n: int, lat: list[int]) -> float:
+    """Runs `op` n times; appends latencies (ns) to `lat`; returns server CPU seconds used."""
+    cpu0 = setup.server.cpu_s()
+    for _ in range(n):
         t = time.perf_counter_ns()
-        op(i)
+        op(setup.store)
         lat.append(time.perf_counter_ns() - t)
-    wall = time.perf_counter() - start
-    cpu = server.cpu_s() - cpu0
-    q = statistics.quantiles(lat, n=100)
-    return OpResult(n / wall, q[49] / 1e3, q[98] / 1e3, cpu / n * 1e6)
+    return setup.server.cpu_s() - cpu0
 
 
-def single_client_ops(server: Server, store: Any, n: int) -> dict[str, OpResult]:
+def single_client_ops(setups: list[Setup], n: int) -> dict[str, dict[str, OpResult]]:
+    """Every op on every setup, interleaved round by round (see ROUNDS)."""
     small = b"v" * 32
     big = os.urandom(MIB)
-    store.set("bench/k", small)
-    store.set("bench/big", big)
-    out = {
-        "set": _time_op(server, lambda i: store.set("bench/k", small), n),
-        "get": _time_op(server, lambda i: store.get("bench/k"), n),
-        "add": _time_op(server, lambda i: store.add("bench/ctr", 1), n),
-        "check": _time_op(server, lambda i: store.check(["bench/k"]), n),
-        "wait": _time_op(server, lambda i: store.wait(["bench/k"]), n),
-        "set 1 MiB": _time_op(server, lambda i: store.set("bench/big", big), max(n // 20, 50)),
-        "get 1 MiB": _time_op(server, lambda i: store.get("bench/big"), max(n // 20, 50)),
-    }
-    assert store.get("bench/big") == big and store.get("bench/k") == small
+    for setup in setups:
+        setup.store.set("bench/k", small)
+        setup.store.set("bench/big", big)
+    ops: list[tuple[str, Callable[[Any], object], int]] = [
+        ("set", lambda s: s.set("bench/k", small), n),
+        ("get", lambda s: s.get("bench/k"), n),
+        ("add", lambda s: s.add("bench/ctr", 1), n),
+        ("check", lambda s: s.check(["bench/k"]), n),
+        ("wait", lambda s: s.wait(["bench/k"]), n),
+        ("set 1 MiB", lambda s: s.set("bench/big", big), max(n // 20, 50)),
+        ("get 1 MiB", lambda s: s.get("bench/big"), max(n // 20, 50)),
+    ]
+    out: dict[str, dict[str, OpResult]] = {setup.name: {} for setup in setups}
+    for name, op, count in ops:
+        per_round = max(count // ROUNDS, 10)
+        lat: dict[str, list[int]] = {setup.name: [] for setup in setups}
+        rates: dict[str, list[float]] = {setup.name: [] for setup in setups}
+        cpu: dict[str, float] = {setup.name: 0.0 for setup in setups}
+        for setup in setups:  # warm up
+            _time_round(setup, op, min(50, per_round), [])
+        for _ in range(ROUNDS):
+            for setup in setups:
+                time.sleep(REST_S)
+                start = time.perf_counter()
+                cpu[setup.name] += _time_round(setup, op, per_round, lat[setup.name])
+                rates[setup.name].append(per_round / (time.perf_counter() - start))
+        for setup in setups:
+            q = statistics.quantiles(lat[setup.name], n=100)
+            out[setup.name][name] = OpResult(
+                statistics.median(rates[setup.name]),
+                q[49] / 1e3,
+                q[98] / 1e3,
+                cpu[setup.name] / (per_round * ROUNDS) * 1e6,
+            )
+    for setup in setups:
+        assert setup.store.get("bench/big") == big and setup.store.get("bench/k") == small
     return out
 
 
@@ -330,16 +368,22 @@ def main() -> None:
             ("torch client -> ferrodist", "ferrodist", torch_client),
         ]
         rows: dict[str, dict[str, OpResult] | None] = {}
-        for name, kind, client in pairs:
-            if (kind == "ferrodist" and not have_ferrodist) or (
-                client is ferrodist_client and not have_client
-            ):
-                rows[name] = None
-                continue
-            server = start_server(kind, dns_off)
-            try:
-                rows[name] = single_client_ops(server, client(server.port), n_ops)
-            finally:
+        servers: dict[str, Server] = {}
+        setups: list[Setup] = []
+        try:
+            for name, kind, client in pairs:
+                if (kind == "ferrodist" and not have_ferrodist) or (
+                    client is ferrodist_client and not have_client
+                ):
+                    rows[name] = None
+                    continue
+                if kind not in servers:
+                    servers[kind] = start_server(kind, dns_off)
+                setups.append(Setup(name, servers[kind], client(servers[kind].port)))
+            measured = single_client_ops(setups, n_ops)
+            rows = {name: measured.get(name) for name, _, _ in pairs}
+        finally:
+            for server in servers.values():
                 server.stop()
         print_ops_table(rows)
 

@@ -40,6 +40,9 @@ const BACKOFF_START: Duration = Duration::from_millis(500);
 /// Longest reconnect delay, as torch's client.
 const BACKOFF_MAX: Duration = Duration::from_secs(60);
 
+/// Fire-and-forget requests check for a closed connection at most this often.
+const PEER_CHECK_EVERY: Duration = Duration::from_millis(1);
+
 /// torch's message when a server closes the connection.
 const CLOSED_BY_SERVER: &str = "Failed to recv, got 0 bytes. Connection was likely closed. \
                                 Did the remote server shutdown or crash?";
@@ -58,6 +61,8 @@ pub struct Client {
     peer: String,
     /// The deadline of the call in progress.
     deadline: Deadline,
+    /// When the connection was last seen alive (a reply read, or an EOF check passed).
+    peer_checked: Instant,
     input: BytesMut,
     output: BytesMut,
     ferrodist_server: bool,
@@ -175,6 +180,7 @@ impl Client {
             socket,
             peer,
             deadline,
+            peer_checked: Instant::now(),
             input: BytesMut::with_capacity(4096),
             output: BytesMut::with_capacity(4096),
             ferrodist_server: false,
@@ -230,8 +236,12 @@ impl Client {
     fn flush(&mut self) -> Result<()> {
         // A server that died since the last call has left an EOF to read. Without this check a
         // fire-and-forget request (SET) would "succeed" into the void; a request with a reply
-        // finds the EOF when it reads.
-        if self.input.is_empty() {
+        // finds the EOF when it reads. Checked at most once per PEER_CHECK_EVERY: an EOF that
+        // recent may not have arrived yet anyway, and a burst of SETs pays one check, not one
+        // syscall each.
+        let now = Instant::now();
+        if self.input.is_empty() && now.duration_since(self.peer_checked) >= PEER_CHECK_EVERY {
+            self.peer_checked = now;
             match self.socket.peer_closed() {
                 Ok(false) => {}
                 Ok(true) => return Err(closed(&self.peer, CLOSED_BY_SERVER)),
@@ -267,7 +277,8 @@ impl Client {
                 return Ok(Some(reply));
             }
             match self.socket.fill(&mut self.input, limit) {
-                Ok(Filled::Data) => {}
+                // A reply proves the server was alive just now: no EOF check needed yet.
+                Ok(Filled::Data) => self.peer_checked = Instant::now(),
                 Ok(Filled::Eof) => return Err(closed(&self.peer, CLOSED_BY_SERVER)),
                 Ok(Filled::TimedOut) if self.deadline.expired() => {
                     return Err(self.passed_deadline())

@@ -7,13 +7,16 @@
 //! wake-ups per call; the second drove a private current-thread runtime and still paid an epoll
 //! round per read and a timer per call.)
 //!
-//! Why it spins briefly before sleeping: on virtual machines, where most training jobs run,
-//! waking a thread that sleeps in the kernel costs more than the round trip itself (measured on
-//! this project's VM: 125 µs loopback ping-pong when the reader sleeps, 44 µs when it polls).
-//! So a read first polls the socket without blocking for up to [`spin_budget`] (default
-//! [`DEFAULT_SPIN_US`] µs, `FERRODIST_STORE_SPIN_US` overrides, 0 turns it off), and only then
-//! sleeps in `recv`. The cost is that much CPU per call on the caller's thread, with the GIL
-//! released; long waits (a key not set yet) spin once and then sleep.
+//! Optional polling before sleeping (`FERRODIST_STORE_SPIN_US`, off by default): a read can
+//! first poll the socket for up to [`spin_budget`] µs and only then sleep in `recv`. On a virtual
+//! machine whose vCPUs have been kept busy for a while, waking a sleeping thread costs more than
+//! the round trip (this project's VM, back-to-back calls: 125-150 µs per round trip sleeping,
+//! 28-40 µs polling). But after the vCPUs rested, which is how a training job calls its store,
+//! sleeping costs 20-30 µs and polling made calls slower (an `add` 0.62x torch's instead of
+//! 0.99x), and a poller burns host CPU that its neighbours then pay for. So polling is for
+//! clients that call their store back to back, by choice. It polls with `poll(2)`, which reads
+//! the socket's state without its lock: polling with `recv` fought the kernel for that lock
+//! while the kernel was delivering the awaited reply.
 //!
 //! Every blocking step has a deadline: reads set `SO_RCVTIMEO` to the time left, and large writes
 //! set `SO_SNDTIMEO`; small writes rely on the send timeout set at connect.
@@ -29,8 +32,8 @@ use socket2::SockRef;
 
 /// Environment variable that sets the spin budget in microseconds (0 disables spinning).
 pub const SPIN_ENV: &str = "FERRODIST_STORE_SPIN_US";
-/// Default spin budget: covers a loopback or same-rack round trip on a VM.
-pub const DEFAULT_SPIN_US: u64 = 100;
+/// Default spin budget: none (see the module docs for when to turn it on).
+pub const DEFAULT_SPIN_US: u64 = 0;
 /// Writes at most this long never block in practice (the kernel's send buffer takes them).
 const SMALL_WRITE: usize = 16 * 1024;
 /// Bytes a read asks for at least.
@@ -105,7 +108,7 @@ impl ClientSocket {
         until: Option<Instant>,
     ) -> std::io::Result<Filled> {
         input.reserve(READ_CHUNK);
-        if let Some(filled) = self.spin(input, until)? {
+        if let Some(filled) = self.spin(input, until, spin_budget())? {
             return Ok(filled);
         }
         loop {
@@ -132,25 +135,48 @@ impl ClientSocket {
         &mut self,
         input: &mut BytesMut,
         until: Option<Instant>,
+        budget: Duration,
     ) -> std::io::Result<Option<Filled>> {
-        let budget = spin_budget();
         if budget.is_zero() {
             return Ok(None);
         }
         let start = Instant::now();
         let stop = until.map_or(start + budget, |at| at.min(start + budget));
         loop {
-            let socket = SockRef::from(&self.stream);
-            match socket.recv_with_flags(input.spare_capacity_mut(), libc::MSG_DONTWAIT) {
-                Ok(n) => return Ok(Some(appended(input, n))),
-                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::Interrupted) => {}
-                Err(e) => return Err(e),
+            // `poll` reads the socket's state without taking its lock; a `recv` per turn would
+            // contend for that lock with the kernel delivering the very reply awaited.
+            if readable_now(&self.stream)? {
+                let socket = SockRef::from(&self.stream);
+                match socket.recv_with_flags(input.spare_capacity_mut(), libc::MSG_DONTWAIT) {
+                    Ok(n) => return Ok(Some(appended(input, n))),
+                    Err(e)
+                        if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::Interrupted) => {}
+                    Err(e) => return Err(e),
+                }
             }
             if Instant::now() >= stop {
                 return Ok(None);
             }
             std::hint::spin_loop();
         }
+    }
+}
+
+/// True when a read would not block (data, EOF or an error is pending), asked without waiting.
+fn readable_now(stream: &TcpStream) -> std::io::Result<bool> {
+    use std::os::fd::AsRawFd;
+    let mut fds = libc::pollfd {
+        fd: stream.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd, a count of 1, and a zero timeout.
+    match unsafe { libc::poll(&mut fds, 1, 0) } {
+        -1 => match std::io::Error::last_os_error() {
+            e if e.kind() == ErrorKind::Interrupted => Ok(false),
+            e => Err(e),
+        },
+        _ => Ok(fds.revents != 0),
     }
 }
 
@@ -229,5 +255,30 @@ mod tests {
         assert_eq!(socket.fill(&mut input, until).unwrap(), Filled::Data);
         assert_eq!(&input[..], b"late");
         writer.join().unwrap();
+    }
+
+    #[test]
+    fn polling_takes_a_reply_that_arrives_within_its_budget_and_gives_up_after_it() {
+        let (mut socket, mut server) = pair();
+        let mut input = BytesMut::with_capacity(64);
+        let budget = Duration::from_millis(100);
+        let start = Instant::now();
+        assert_eq!(socket.spin(&mut input, None, budget).unwrap(), None);
+        assert!(start.elapsed() >= budget);
+        let writer = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(10));
+            server.write_all(b"soon").unwrap();
+            server
+        });
+        let found = socket
+            .spin(&mut input, None, Duration::from_secs(5))
+            .unwrap();
+        assert_eq!(found, Some(Filled::Data));
+        assert_eq!(&input[..], b"soon");
+        drop(writer.join().unwrap());
+        let eof = socket
+            .spin(&mut input, None, Duration::from_secs(5))
+            .unwrap();
+        assert_eq!(eof, Some(Filled::Eof));
     }
 }

@@ -257,7 +257,7 @@ impl Handler {
             } else {
                 super::codec::NOT_READY
             }),
-            Request::Wait { keys } => match db.wait(&keys) {
+            Request::Wait { keys } => match db.wait(keys) {
                 None => Reply::Byte(STOP_WAITING),
                 Some(waiter) => {
                     self.waiting = Some(waiter);

@@ -11,21 +11,26 @@
 //! so unlike torch's libuv server a stale registration can never wake an unrelated later wait.
 
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll, Waker};
 
 use bytes::Bytes;
-use tokio::sync::oneshot;
+use slab::Slab;
 
 use super::codec::SERVER_MARKER_KEY;
 use crate::error::Result;
 use crate::store::parse_counter;
 
-/// A registered wait: how many distinct keys it still needs, and how to release it.
+/// A registered wait: how many distinct keys it still needs, and whom to wake when none.
+///
+/// It stays in the registry until its [`Waiter`] is dropped, so its slot (the waiter's id) is
+/// never reused while a waiter could still look at it. Kept small: a rendezvous storm holds one
+/// per rank, all at once.
 struct Pending {
     keys: Vec<Bytes>,
     missing: usize,
-    release: oneshot::Sender<()>,
+    released: bool,
+    waker: Option<Waker>,
 }
 
 #[derive(Default)]
@@ -33,9 +38,8 @@ struct State {
     values: HashMap<Bytes, Bytes>,
     queues: HashMap<Bytes, VecDeque<Bytes>>,
     /// key -> ids of the waits still missing it, oldest first.
-    waiting_on: HashMap<Bytes, Vec<u64>>,
-    pending: HashMap<u64, Pending>,
-    next_id: u64,
+    waiting_on: HashMap<Bytes, Vec<usize>>,
+    pending: Slab<Pending>,
 }
 
 impl State {
@@ -65,7 +69,7 @@ impl State {
         let mut released = false;
         while !released && !ids.is_empty() {
             let id = ids.remove(0);
-            released = self.pending.get(&id).is_some_and(|p| p.missing == 1);
+            released = self.pending.get(id).is_some_and(|p| p.missing == 1);
             taken.push(id);
         }
         if ids.is_empty() {
@@ -76,24 +80,23 @@ impl State {
         }
     }
 
-    fn satisfy(&mut self, id: u64) {
-        let done = match self.pending.get_mut(&id) {
-            Some(p) => {
-                p.missing -= 1;
-                p.missing == 0
-            }
-            None => false,
+    fn satisfy(&mut self, id: usize) {
+        let Some(p) = self.pending.get_mut(id).filter(|p| !p.released) else {
+            return;
         };
-        if done {
-            if let Some(p) = self.pending.remove(&id) {
-                // The handler may have gone away; its registrations are gone too, nothing to do.
-                let _ = p.release.send(());
-                self.forget_keys(id, &p.keys);
-            }
+        p.missing -= 1;
+        if p.missing > 0 {
+            return;
         }
+        p.released = true;
+        if let Some(waker) = p.waker.take() {
+            waker.wake();
+        }
+        let keys = std::mem::take(&mut p.keys);
+        self.forget_keys(id, &keys);
     }
 
-    fn forget_keys(&mut self, id: u64, keys: &[Bytes]) {
+    fn forget_keys(&mut self, id: usize, keys: &[Bytes]) {
         for key in keys {
             if let Some(ids) = self.waiting_on.get_mut(key) {
                 ids.retain(|&other| other != id);
@@ -105,32 +108,28 @@ impl State {
     }
 
     fn register(&mut self, missing: Vec<Bytes>, db: &Db) -> Waiter {
-        let (release, released) = oneshot::channel();
-        let id = self.next_id;
-        self.next_id += 1;
+        let id = self.pending.insert(Pending {
+            missing: missing.len(),
+            keys: Vec::new(),
+            released: false,
+            waker: None,
+        });
         for key in &missing {
-            self.waiting_on.entry(key.clone()).or_default().push(id);
+            match self.waiting_on.get_mut(key) {
+                Some(ids) => ids.push(id),
+                None => {
+                    self.waiting_on.insert(key.clone(), vec![id]);
+                }
+            }
         }
-        self.pending.insert(
-            id,
-            Pending {
-                missing: missing.len(),
-                keys: missing,
-                release,
-            },
-        );
-        Waiter {
-            id,
-            released,
-            db: db.clone(),
-        }
+        self.pending[id].keys = missing;
+        Waiter { id, db: db.clone() }
     }
 }
 
 /// A pending wait. Await [`Waiter::released`]; dropping it cancels the registration.
 pub struct Waiter {
-    id: u64,
-    released: oneshot::Receiver<()>,
+    id: usize,
     db: Db,
 }
 
@@ -140,20 +139,31 @@ impl Waiter {
         std::future::poll_fn(|cx| self.poll_released(cx)).await
     }
 
-    /// Ready once every key the wait needed is present.
-    pub fn poll_released(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<()> {
-        // The sender lives in the registry until it fires or this waiter is dropped, so an
-        // error here cannot happen while `self` exists; treat it as released anyway.
-        std::pin::Pin::new(&mut self.released).poll(cx).map(drop)
+    /// Ready once every key the wait needed is present; otherwise `cx` is woken when they are.
+    pub fn poll_released(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        let mut state = self.db.lock();
+        let pending = &mut state.pending[self.id];
+        if pending.released {
+            return Poll::Ready(());
+        }
+        match &mut pending.waker {
+            Some(waker) if waker.will_wake(cx.waker()) => {}
+            slot => *slot = Some(cx.waker().clone()),
+        }
+        Poll::Pending
+    }
+
+    /// True once released (without registering to be woken).
+    pub fn is_released(&self) -> bool {
+        self.db.lock().pending[self.id].released
     }
 }
 
 impl Drop for Waiter {
     fn drop(&mut self) {
         let mut state = self.db.lock();
-        if let Some(p) = state.pending.remove(&self.id) {
-            state.forget_keys(self.id, &p.keys);
-        }
+        let pending = state.pending.remove(self.id);
+        state.forget_keys(self.id, &pending.keys);
     }
 }
 
@@ -223,15 +233,14 @@ impl Db {
     }
 
     /// WAIT: `None` when every key is present now, else a registered [`Waiter`].
-    pub fn wait(&self, keys: &[Bytes]) -> Option<Waiter> {
+    pub fn wait(&self, mut keys: Vec<Bytes>) -> Option<Waiter> {
         let mut state = self.lock();
-        let mut seen = HashSet::new();
-        let missing: Vec<Bytes> = keys
-            .iter()
-            .filter(|k| !state.present(k) && seen.insert((*k).clone()))
-            .cloned()
-            .collect();
-        (!missing.is_empty()).then(|| state.register(missing, self))
+        keys.retain(|k| !state.present(k));
+        if keys.len() > 1 {
+            let mut seen = HashSet::new();
+            keys.retain(|k| seen.insert(k.clone()));
+        }
+        (!keys.is_empty()).then(|| state.register(keys, self))
     }
 
     /// GETNUMKEYS: size of the key-value map (queues excluded, internal keys included).
@@ -345,7 +354,11 @@ impl Db {
 
     /// Number of registered waits (for tests and metrics).
     pub fn pending_waits(&self) -> usize {
-        self.lock().pending.len()
+        self.lock()
+            .pending
+            .iter()
+            .filter(|(_, p)| !p.released)
+            .count()
     }
 }
 
@@ -360,7 +373,7 @@ mod tests {
     #[tokio::test]
     async fn a_wait_on_two_keys_is_released_by_the_second_set_only() {
         let db = Db::new();
-        let mut waiter = db.wait(&[b("a"), b("b"), b("a")]).expect("pending");
+        let mut waiter = db.wait(vec![b("a"), b("b"), b("a")]).expect("pending");
         db.set(b("a"), b("1"));
         assert!(futures_poll(&mut waiter).is_none());
         db.set(b("b"), b("2"));
@@ -371,18 +384,18 @@ mod tests {
     #[tokio::test]
     async fn a_dropped_waiter_leaves_no_registration() {
         let db = Db::new();
-        let waiter = db.wait(&[b("x")]).expect("pending");
+        let waiter = db.wait(vec![b("x")]).expect("pending");
         drop(waiter);
         assert_eq!(db.pending_waits(), 0);
         db.set(b("x"), b("1"));
-        assert!(db.wait(&[b("x")]).is_none());
+        assert!(db.wait(vec![b("x")]).is_none());
     }
 
     #[tokio::test]
     async fn one_push_releases_one_queue_waiter() {
         let db = Db::new();
-        let mut first = db.wait(&[b("q")]).expect("pending");
-        let mut second = db.wait(&[b("q")]).expect("pending");
+        let mut first = db.wait(vec![b("q")]).expect("pending");
+        let mut second = db.wait(vec![b("q")]).expect("pending");
         db.queue_push(b("q"), b("e"));
         first.released().await;
         assert!(futures_poll(&mut second).is_none());
@@ -394,7 +407,7 @@ mod tests {
     #[tokio::test]
     async fn compare_set_that_changes_nothing_wakes_nobody() {
         let db = Db::new();
-        let mut waiter = db.wait(&[b("k")]).expect("pending");
+        let mut waiter = db.wait(vec![b("k")]).expect("pending");
         assert_eq!(db.compare_set(b("k"), b("x"), b("y")), b("x"));
         assert!(futures_poll(&mut waiter).is_none());
         assert_eq!(db.compare_set(b("k"), b(""), b("y")), b("y"));
@@ -423,11 +436,36 @@ mod tests {
         assert_eq!(db.add(b("max"), 1).unwrap(), i64::MIN);
     }
 
+    #[test]
+    fn a_released_waiters_slot_is_reused_only_after_it_is_dropped() {
+        let db = Db::new();
+        let first = db.wait(vec![b("k1")]).expect("pending");
+        db.set(b("k1"), b("v"));
+        let second = db.wait(vec![b("k2")]).expect("pending");
+        assert!(first.is_released() && !second.is_released());
+        drop(first);
+        let third = db.wait(vec![b("k3")]).expect("pending");
+        db.set(b("k2"), b("v"));
+        assert!(second.is_released() && !third.is_released());
+        assert_eq!(db.pending_waits(), 1);
+        drop((second, third));
+        assert_eq!(db.pending_waits(), 0);
+    }
+
+    #[test]
+    fn one_set_releases_every_waiter_on_the_key() {
+        let db = Db::new();
+        let waiters: Vec<Waiter> = (0..1000)
+            .map(|_| db.wait(vec![b("go")]).expect("pending"))
+            .collect();
+        assert_eq!(db.pending_waits(), 1000);
+        db.set(b("go"), b("1"));
+        assert!(waiters.iter().all(Waiter::is_released));
+        assert_eq!(db.pending_waits(), 0);
+    }
+
     /// Polls a waiter once without blocking: `Some` iff it is released.
     fn futures_poll(waiter: &mut Waiter) -> Option<()> {
-        match waiter.released.try_recv() {
-            Ok(()) => Some(()),
-            Err(_) => None,
-        }
+        waiter.is_released().then_some(())
     }
 }
