@@ -2,25 +2,30 @@
 //!
 //! The mini-redis pattern, with a signal sized for tens of thousands of connections. "Stop" is a
 //! flag plus a slab of wakers: a task that finds the flag unset parks its waker in the slab once
-//! (one slot, reused for the connection's life), and [`Trigger::fire`] sets the flag and wakes
-//! every parked task. Being pollable, it costs a connection 24 bytes and no future of its own
-//! (a `watch` receiver's `changed()` future cost ~100 bytes in every connection's task). A task
-//! that subscribes after the signal still sees it. Each task also holds a clone of an
-//! `mpsc::Sender` it never sends on, so when the last one is dropped the [`Drain`] completes.
+//! (one slot, reused for the connection's life; polls after that take no lock unless the task's
+//! waker changed), and [`Trigger::fire`] sets the flag and wakes every parked task. Being
+//! pollable, it costs a connection 24 bytes and no future of its own (a `watch` receiver's
+//! `changed()` future cost ~100 bytes in every connection's task). A task that subscribes after
+//! the signal still sees it. The signal also counts the live handles; when the last is dropped
+//! the [`Drain`] completes.
 
 use std::future::poll_fn;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
 
 use slab::Slab;
-use tokio::sync::mpsc;
+use tokio::sync::Notify;
 
 /// What the trigger and every [`Shutdown`] share.
 #[derive(Default)]
 struct Signal {
     stopped: AtomicBool,
     parked: Mutex<Slab<Waker>>,
+    /// [`Shutdown`] handles alive.
+    live: AtomicUsize,
+    /// Notified when `live` drops to zero.
+    drained: Notify,
 }
 
 impl Signal {
@@ -34,17 +39,24 @@ pub struct Shutdown {
     signal: Arc<Signal>,
     /// This task's slot in the signal's slab, once it has parked a waker there.
     slot: Option<usize>,
-    /// Held, never used, so that [`Drain::wait`] knows when every task has finished.
-    _alive: mpsc::Sender<()>,
+    /// The data pointer of the waker parked in `slot`, to skip the lock while it is unchanged.
+    parked_waker: usize,
+}
+
+impl Shutdown {
+    fn new(signal: Arc<Signal>) -> Shutdown {
+        signal.live.fetch_add(1, Ordering::AcqRel);
+        Shutdown {
+            signal,
+            slot: None,
+            parked_waker: 0,
+        }
+    }
 }
 
 impl Clone for Shutdown {
     fn clone(&self) -> Self {
-        Shutdown {
-            signal: Arc::clone(&self.signal),
-            slot: None,
-            _alive: self._alive.clone(),
-        }
+        Shutdown::new(Arc::clone(&self.signal))
     }
 }
 
@@ -59,16 +71,21 @@ impl Shutdown {
         if self.is_shutdown() {
             return Poll::Ready(());
         }
+        let waker = cx.waker().data() as usize;
+        if self.slot.is_some() && waker == self.parked_waker {
+            // Parked already with this very waker: `fire` will wake it.
+            return Poll::Pending;
+        }
         let mut parked = self.signal.parked();
         // Checked again under the lock: `fire` sets the flag before it takes the wakers.
         if self.is_shutdown() {
             return Poll::Ready(());
         }
         match self.slot.and_then(|slot| parked.get_mut(slot)) {
-            Some(waker) if waker.will_wake(cx.waker()) => {}
-            Some(waker) => waker.clone_from(cx.waker()),
+            Some(slot) => slot.clone_from(cx.waker()),
             None => self.slot = Some(parked.insert(cx.waker().clone())),
         }
+        self.parked_waker = waker;
         Poll::Pending
     }
 
@@ -82,6 +99,9 @@ impl Drop for Shutdown {
     fn drop(&mut self) {
         if let Some(slot) = self.slot.take() {
             self.signal.parked().try_remove(slot);
+        }
+        if self.signal.live.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.signal.drained.notify_waiters();
         }
     }
 }
@@ -102,30 +122,32 @@ impl Trigger {
 
 /// Waits for every task holding a [`Shutdown`] to finish.
 pub struct Drain {
-    done: mpsc::Receiver<()>,
+    signal: Arc<Signal>,
 }
 
 impl Drain {
     /// Resolves once every [`Shutdown`] clone has been dropped.
-    pub async fn wait(mut self) {
-        let _ = self.done.recv().await;
+    pub async fn wait(self) {
+        loop {
+            // Registered before the count is read, so a drop in between is not missed.
+            let notified = self.signal.drained.notified();
+            if self.signal.live.load(Ordering::Acquire) == 0 {
+                return;
+            }
+            notified.await;
+        }
     }
 }
 
 /// A new trigger, the first receiver (clone it for each task) and the drain.
 pub fn channel() -> (Trigger, Shutdown, Drain) {
     let signal = Arc::new(Signal::default());
-    let (alive_tx, alive_rx) = mpsc::channel(1);
     (
         Trigger {
             signal: Arc::clone(&signal),
         },
-        Shutdown {
-            signal,
-            slot: None,
-            _alive: alive_tx,
-        },
-        Drain { done: alive_rx },
+        Shutdown::new(Arc::clone(&signal)),
+        Drain { signal },
     )
 }
 
@@ -169,5 +191,35 @@ mod tests {
             assert!(parked.is_pending());
         }
         assert!(shutdown.signal.parked().is_empty());
+    }
+
+    struct Flag(std::sync::atomic::AtomicBool);
+
+    impl std::task::Wake for Flag {
+        fn wake(self: Arc<Self>) {
+            self.0.store(true, Ordering::SeqCst);
+        }
+    }
+
+    #[test]
+    fn a_task_whose_waker_changed_is_woken_through_the_new_one() {
+        let (trigger, mut shutdown, _drain) = channel();
+        let old = Arc::new(Flag(AtomicBool::new(false)));
+        let new = Arc::new(Flag(AtomicBool::new(false)));
+        let old_waker = Waker::from(Arc::clone(&old));
+        let new_waker = Waker::from(Arc::clone(&new));
+        for _ in 0..3 {
+            let pending = shutdown.poll_recv(&mut Context::from_waker(&old_waker));
+            assert!(pending.is_pending());
+        }
+        assert!(shutdown
+            .poll_recv(&mut Context::from_waker(&new_waker))
+            .is_pending());
+        assert_eq!(shutdown.signal.parked().len(), 1);
+        trigger.fire();
+        assert!(new.0.load(Ordering::SeqCst) && !old.0.load(Ordering::SeqCst));
+        assert!(shutdown
+            .poll_recv(&mut Context::from_waker(&old_waker))
+            .is_ready());
     }
 }

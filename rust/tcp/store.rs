@@ -218,7 +218,7 @@ impl TcpStore {
     ) -> Result<T> {
         let deadline = Deadline::after(deadline.unwrap_or_else(|| self.timeout()));
         let mut slot = self.conn.lock().unwrap_or_else(|p| p.into_inner());
-        if slot.as_ref().map_or(true, Client::is_broken) {
+        if slot.as_ref().is_none_or(Client::is_broken) {
             *slot = None;
             *slot = Some(Client::connect_once(&self.host, self.port, deadline)?);
         }
