@@ -18,8 +18,10 @@
 //! the socket's state without its lock: polling with `recv` fought the kernel for that lock
 //! while the kernel was delivering the awaited reply.
 //!
-//! Every blocking step has a deadline: reads set `SO_RCVTIMEO` to the time left, and large writes
-//! set `SO_SNDTIMEO`; small writes rely on the send timeout set at connect.
+//! Every blocking step has a deadline: a read sleeps at most [`READ_SLICE`] or the time left,
+//! whichever is shorter (`SO_RCVTIMEO`, left as it is while it is between [`MIN_READ_SLICE`] and
+//! the time left, so most calls make no `setsockopt`), and large writes set `SO_SNDTIMEO`;
+//! small writes rely on the send timeout set at connect.
 
 use std::io::{ErrorKind, Write};
 use std::mem::MaybeUninit;
@@ -36,6 +38,12 @@ pub const SPIN_ENV: &str = "FERRODIST_STORE_SPIN_US";
 pub const DEFAULT_SPIN_US: u64 = 0;
 /// Writes at most this long never block in practice (the kernel's send buffer takes them).
 const SMALL_WRITE: usize = 16 * 1024;
+/// Longest single blocking read; a longer wait is several, the deadline checked between them.
+/// The socket keeps this timeout between calls, so a call whose deadline is further away than
+/// this (nearly all of them) makes no `setsockopt` before it reads.
+const READ_SLICE: Duration = Duration::from_secs(1);
+/// Shortest timeout kept on the socket across calls (a shorter one is set only near a deadline).
+const MIN_READ_SLICE: Duration = Duration::from_millis(10);
 /// Bytes a read asks for at least.
 const READ_CHUNK: usize = 64 * 1024;
 
@@ -65,6 +73,8 @@ pub enum Filled {
 /// A connected stream read and written by the calling thread.
 pub struct ClientSocket {
     stream: TcpStream,
+    /// The receive timeout the socket has now (`SO_RCVTIMEO`), to set it only when it changes.
+    read_timeout: Duration,
 }
 
 impl ClientSocket {
@@ -73,7 +83,11 @@ impl ClientSocket {
     pub fn new(stream: TcpStream, default_timeout: Duration) -> std::io::Result<ClientSocket> {
         stream.set_nodelay(true)?;
         stream.set_write_timeout((!default_timeout.is_zero()).then_some(default_timeout))?;
-        Ok(ClientSocket { stream })
+        stream.set_read_timeout(Some(READ_SLICE))?;
+        Ok(ClientSocket {
+            stream,
+            read_timeout: READ_SLICE,
+        })
     }
 
     /// True when the peer has closed the connection (checked without blocking or consuming).
@@ -112,14 +126,25 @@ impl ClientSocket {
             return Ok(filled);
         }
         loop {
-            let left = match until {
+            let wanted = match until {
                 Some(at) => match time_left(at) {
-                    Some(left) => Some(left),
+                    Some(left) => left.min(READ_SLICE),
                     None => return Ok(Filled::TimedOut),
                 },
-                None => None,
+                None => READ_SLICE,
             };
-            self.stream.set_read_timeout(left)?;
+            // The socket's current timeout will do if it wakes the read no later than wanted
+            // and is not so short that a long wait spins on it.
+            let current = self.read_timeout;
+            if !(MIN_READ_SLICE..=wanted).contains(&current) {
+                let slice = if wanted >= MIN_READ_SLICE {
+                    Duration::from_millis(wanted.as_millis() as u64)
+                } else {
+                    wanted
+                };
+                self.stream.set_read_timeout(Some(slice))?;
+                self.read_timeout = slice;
+            }
             // A timed-out blocking `recv` fails with `WouldBlock`.
             match SockRef::from(&self.stream).recv(input.spare_capacity_mut()) {
                 Ok(n) => return Ok(appended(input, n)),
