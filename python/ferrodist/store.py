@@ -8,6 +8,7 @@ torch reaches the overrides through its C++ trampoline, so its own code paths ru
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import timedelta
 from typing import TypeVar, Union
 
@@ -23,6 +24,8 @@ Store = _tdist.Store
 stores and ferrodist's alike."""
 
 _Value = Union[str, bytes]
+_Key = Union[str, bytes]
+"""A key, as torch takes it: text, or bytes holding UTF-8 text."""
 _S = TypeVar("_S", bound="_NativeBackedStore")
 
 
@@ -38,52 +41,52 @@ class _NativeBackedStore(_tdist.Store):
         # torch may still hold this store from C++ (torch issue #120843): see _lifetime.py.
         keep_alive_while_shared(self)
 
-    def set(self, key: str, value: _Value) -> None:
+    def set(self, key: _Key, value: _Value) -> None:
         self._native.set(key, value)
 
-    def get(self, key: str) -> bytes:
+    def get(self, key: _Key) -> bytes:
         return self._native.get(key)
 
-    def add(self, key: str, value: int) -> int:
+    def add(self, key: _Key, value: int) -> int:
         return self._native.add(key, value)
 
-    def compare_set(self, key: str, expected_value: _Value, desired_value: _Value) -> bytes:
+    def compare_set(self, key: _Key, expected_value: _Value, desired_value: _Value) -> bytes:
         return self._native.compare_set(key, expected_value, desired_value)
 
-    def check(self, keys: list[str]) -> bool:
+    def check(self, keys: Sequence[_Key]) -> bool:
         return self._native.check(keys)
 
-    def wait(self, keys: list[str], timeout: timedelta | None = None) -> None:
+    def wait(self, keys: Sequence[_Key], timeout: timedelta | None = None) -> None:
         self._native.wait(keys, timeout)
 
-    def delete_key(self, key: str) -> bool:
+    def delete_key(self, key: _Key) -> bool:
         return self._native.delete_key(key)
 
     def num_keys(self) -> int:
         return self._native.num_keys()
 
-    def append(self, key: str, value: _Value) -> None:
+    def append(self, key: _Key, value: _Value) -> None:
         self._native.append(key, value)
 
-    def multi_get(self, keys: list[str]) -> list[bytes]:
+    def multi_get(self, keys: Sequence[_Key]) -> list[bytes]:
         return self._native.multi_get(keys)
 
-    def multi_set(self, keys: list[str], values: list[_Value]) -> None:
+    def multi_set(self, keys: Sequence[_Key], values: list[_Value]) -> None:
         self._native.multi_set(keys, values)
 
-    def queue_push(self, key: str, value: _Value) -> None:
+    def queue_push(self, key: _Key, value: _Value) -> None:
         self._native.queue_push(key, value)
 
-    def queue_pop(self, key: str, block: bool = True) -> bytes:
+    def queue_pop(self, key: _Key, block: bool = True) -> bytes:
         return self._native.queue_pop(key, block)
 
-    def queue_len(self, key: str) -> int:
+    def queue_len(self, key: _Key) -> int:
         return self._native.queue_len(key)
 
     def list_keys(self) -> list[str]:
         return self._native.list_keys()
 
-    def barrier(self, key: str, world_size: int, timeout: timedelta | None = None) -> None:
+    def barrier(self, key: _Key, world_size: int, timeout: timedelta | None = None) -> None:
         self._native.barrier(key, world_size, timeout)
 
     def set_timeout(self, timeout: timedelta) -> None:

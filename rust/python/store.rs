@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use pyo3::exceptions::PyTypeError;
+use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyString};
 
@@ -38,6 +38,46 @@ impl<'a, 'py> FromPyObject<'a, 'py> for Value {
         }
         Err(PyTypeError::new_err(format!(
             "expected str or bytes, got {}",
+            obj.get_type().name()?
+        )))
+    }
+}
+
+/// A key as torch accepts it: `str`, or `bytes` holding UTF-8 text.
+///
+/// torch's pybind layer takes either for its `std::string` keys; ferrodist's core keys are text,
+/// so bytes that are not UTF-8 are refused with a `ValueError` rather than altered.
+pub struct Key(String);
+
+impl Key {
+    /// Every key of a list, as strings.
+    pub fn strings(keys: Vec<Key>) -> Vec<String> {
+        keys.into_iter().map(|k| k.0).collect()
+    }
+}
+
+impl std::ops::Deref for Key {
+    type Target = str;
+
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl<'a, 'py> FromPyObject<'a, 'py> for Key {
+    type Error = PyErr;
+
+    fn extract(obj: Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
+        if let Ok(text) = obj.cast::<PyString>() {
+            return Ok(Key(text.to_cow()?.into_owned()));
+        }
+        if let Ok(bytes) = obj.cast::<PyBytes>() {
+            return String::from_utf8(bytes.as_bytes().to_vec())
+                .map(Key)
+                .map_err(|_| PyValueError::new_err("store keys must be UTF-8 text"));
+        }
+        Err(PyTypeError::new_err(format!(
+            "a store key must be str or bytes, got {}",
             obj.get_type().name()?
         )))
     }
@@ -102,19 +142,22 @@ impl PyNativeStore {
 #[pymethods]
 impl PyNativeStore {
     /// Stores ``value`` (bytes or str) under ``key``.
-    fn set(&self, py: Python<'_>, key: &str, value: Value) -> PyResult<()> {
+    fn set(&self, py: Python<'_>, key: Key, value: Value) -> PyResult<()> {
+        let key: &str = &key;
         let value = value.into_vec();
         detached(py, || self.inner.set(key, &value))
     }
 
     /// Returns the value of ``key`` as bytes, waiting up to the store timeout for it.
-    fn get(&self, py: Python<'_>, key: &str) -> PyResult<Vec<u8>> {
+    fn get(&self, py: Python<'_>, key: Key) -> PyResult<Vec<u8>> {
+        let key: &str = &key;
         let timeout = self.inner.timeout();
         self.waiting(py, timeout, |slice| self.inner.get_timeout(key, slice))
     }
 
     /// Adds ``amount`` to the integer under ``key`` and returns the new value.
-    fn add(&self, py: Python<'_>, key: &str, amount: i64) -> PyResult<i64> {
+    fn add(&self, py: Python<'_>, key: Key, amount: i64) -> PyResult<i64> {
+        let key: &str = &key;
         detached(py, || self.inner.add(key, amount))
     }
 
@@ -122,28 +165,32 @@ impl PyNativeStore {
     fn compare_set(
         &self,
         py: Python<'_>,
-        key: &str,
+        key: Key,
         expected_value: Value,
         desired_value: Value,
     ) -> PyResult<Vec<u8>> {
+        let key: &str = &key;
         let (expected, desired) = (expected_value.into_vec(), desired_value.into_vec());
         detached(py, || self.inner.compare_set(key, &expected, &desired))
     }
 
     /// True iff every key is present now.
-    fn check(&self, py: Python<'_>, keys: Vec<String>) -> PyResult<bool> {
+    fn check(&self, py: Python<'_>, keys: Vec<Key>) -> PyResult<bool> {
+        let keys = Key::strings(keys);
         detached(py, || self.inner.check(&keys))
     }
 
     /// Waits until every key is present, up to ``timeout`` (default: the store timeout).
     #[pyo3(signature = (keys, timeout=None))]
-    fn wait(&self, py: Python<'_>, keys: Vec<String>, timeout: Option<Timeout>) -> PyResult<()> {
+    fn wait(&self, py: Python<'_>, keys: Vec<Key>, timeout: Option<Timeout>) -> PyResult<()> {
+        let keys = Key::strings(keys);
         let timeout = timeout_or(&*self.inner, timeout)?;
         self.waiting(py, timeout, |slice| self.inner.wait(&keys, Some(slice)))
     }
 
     /// Removes ``key``; True iff it existed.
-    fn delete_key(&self, py: Python<'_>, key: &str) -> PyResult<bool> {
+    fn delete_key(&self, py: Python<'_>, key: Key) -> PyResult<bool> {
+        let key: &str = &key;
         detached(py, || self.inner.delete_key(key))
     }
 
@@ -153,33 +200,38 @@ impl PyNativeStore {
     }
 
     /// Appends ``value`` to ``key``.
-    fn append(&self, py: Python<'_>, key: &str, value: Value) -> PyResult<()> {
+    fn append(&self, py: Python<'_>, key: Key, value: Value) -> PyResult<()> {
+        let key: &str = &key;
         let value = value.into_vec();
         detached(py, || self.inner.append(key, &value))
     }
 
     /// Values of every key, waiting for them up to the store timeout.
-    fn multi_get(&self, py: Python<'_>, keys: Vec<String>) -> PyResult<Vec<Vec<u8>>> {
+    fn multi_get(&self, py: Python<'_>, keys: Vec<Key>) -> PyResult<Vec<Vec<u8>>> {
+        let keys = Key::strings(keys);
         let timeout = self.inner.timeout();
         self.waiting(py, timeout, |slice| self.inner.wait(&keys, Some(slice)))?;
         detached(py, || self.inner.multi_get(&keys))
     }
 
     /// Sets each key to the matching value.
-    fn multi_set(&self, py: Python<'_>, keys: Vec<String>, values: Vec<Value>) -> PyResult<()> {
+    fn multi_set(&self, py: Python<'_>, keys: Vec<Key>, values: Vec<Value>) -> PyResult<()> {
+        let keys = Key::strings(keys);
         let values: Vec<Vec<u8>> = values.into_iter().map(Value::into_vec).collect();
         detached(py, || self.inner.multi_set(&keys, &values))
     }
 
     /// Pushes ``value`` onto the queue ``key``.
-    fn queue_push(&self, py: Python<'_>, key: &str, value: Value) -> PyResult<()> {
+    fn queue_push(&self, py: Python<'_>, key: Key, value: Value) -> PyResult<()> {
+        let key: &str = &key;
         let value = value.into_vec();
         detached(py, || self.inner.queue_push(key, &value))
     }
 
     /// Pops the front of queue ``key``; with ``block``, waits up to the store timeout.
     #[pyo3(signature = (key, block=true))]
-    fn queue_pop(&self, py: Python<'_>, key: &str, block: bool) -> PyResult<Vec<u8>> {
+    fn queue_pop(&self, py: Python<'_>, key: Key, block: bool) -> PyResult<Vec<u8>> {
+        let key: &str = &key;
         if block {
             let timeout = self.inner.timeout();
             let keys = [key.to_owned()];
@@ -189,7 +241,8 @@ impl PyNativeStore {
     }
 
     /// Length of queue ``key`` (0 if it does not exist).
-    fn queue_len(&self, py: Python<'_>, key: &str) -> PyResult<i64> {
+    fn queue_len(&self, py: Python<'_>, key: Key) -> PyResult<i64> {
+        let key: &str = &key;
         detached(py, || self.inner.queue_len(key))
     }
 
@@ -203,10 +256,11 @@ impl PyNativeStore {
     fn barrier(
         &self,
         py: Python<'_>,
-        key: &str,
+        key: Key,
         world_size: i64,
         timeout: Option<Timeout>,
     ) -> PyResult<()> {
+        let key: &str = &key;
         let timeout = timeout_or(&*self.inner, timeout)?;
         detached(py, || self.inner.barrier(key, world_size, Some(timeout)))
     }

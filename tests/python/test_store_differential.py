@@ -29,22 +29,24 @@ def _random_op(rng: random.Random, present: set[str], file_backed: bool) -> tupl
     """One random operation, as a name (for failure messages) and a function of a store."""
     key = rng.choice(KEYS)
     value = rng.choice(VALUES)
+    # torch takes bytes keys too (its pybind layer turns them into std::string).
+    k: str | bytes = key.encode() if rng.random() < 0.3 else key
     known = sorted(present) or [key]
     # Waiting for a key that is not there costs a timeout; torch's FileStore rounds timeouts
     # up to whole seconds, so only the in-memory stores are asked to time out.
     may_miss = not file_backed and rng.random() < 0.03
     choices: list[tuple[str, Op]] = [
-        (f"set({key!r}, {value!r})", lambda s: s.set(key, value)),
-        (f"add({key!r})", lambda s: s.add(key, rng_amount)),
+        (f"set({k!r}, {value!r})", lambda s: s.set(k, value)),
+        (f"add({k!r})", lambda s: s.add(k, rng_amount)),
         (
-            f"compare_set({key!r}, {value!r})",
-            lambda s: s.compare_set(key, value, rng_desired),
+            f"compare_set({k!r}, {value!r})",
+            lambda s: s.compare_set(k, value, rng_desired),
         ),
-        (f"check({known[:2]!r}+{key!r})", lambda s: s.check([*known[:2], key])),
-        (f"delete_key({key!r})", lambda s: s.delete_key(key)),
+        (f"check({known[:2]!r}+{k!r})", lambda s: s.check([*known[:2], k])),
+        (f"delete_key({k!r})", lambda s: s.delete_key(k)),
         ("num_keys()", lambda s: s.num_keys()),
         ("list_keys()", lambda s: sorted(s.list_keys())),
-        (f"append({key!r}, {value!r})", lambda s: s.append(key, value)),
+        (f"append({k!r}, {value!r})", lambda s: s.append(k, value)),
         # Equal lengths only: torch's stores disagree among themselves on a mismatch.
         (
             f"multi_set({known[:2]!r})",
@@ -63,9 +65,10 @@ def _random_op(rng: random.Random, present: set[str], file_backed: bool) -> tupl
         target = key if may_miss else rng.choice(known)
         choices += [
             (f"get({target!r})", lambda s: s.get(target)),
+            (f"get({target.encode()!r})", lambda s: s.get(target.encode())),
             (f"wait([{target!r}])", lambda s: s.wait([target], SHORT)),
             (f"wait([{target!r}]) default", lambda s: s.wait([target])),
-            (f"multi_get([{target!r}])", lambda s: s.multi_get([target, target])),
+            (f"multi_get([{target!r}])", lambda s: s.multi_get([target, target.encode()])),
         ]
     if may_miss:
         choices.append((f"queue_pop({key!r}) blocking", lambda s: s.queue_pop("q" + key)))
@@ -156,3 +159,13 @@ def test_random_operations_match_torch(tmp_path: Path, pair: str, seed: int) -> 
     raised = _run(theirs, ours, seed, file_backed)
     # The error paths were compared too, not only the happy ones.
     assert raised > 10
+
+
+@pytest.mark.parametrize("pair", ["hash", "file"])
+def test_a_key_that_is_not_utf8_is_refused_and_changes_nothing(tmp_path: Path, pair: str) -> None:
+    _, ours = PAIRS[pair][0](tmp_path)
+    with pytest.raises(ValueError, match="UTF-8"):
+        ours.set(b"\xff\xfe", "v")
+    with pytest.raises(TypeError, match="str or bytes"):
+        ours.set(3, "v")  # type: ignore[arg-type]
+    assert ours.num_keys() == (0 if pair == "hash" else 1)

@@ -103,6 +103,10 @@ def test_both_clients_share_one_key_space(torch_ports: tuple[list[int], list[int
     assert theirs.get("from_ferrodist") == b"1"
     assert ours.get("from_torch") == b"2"
     assert sorted(ours.list_keys()) == sorted(theirs.list_keys())
+    # bytes keys name the same key as their text, on both clients
+    ours.set(b"as_bytes", "3")
+    assert theirs.get("as_bytes") == b"3" == theirs.get(b"as_bytes")
+    assert ours.add(b"as_bytes", 1) == 4 == theirs.add("as_bytes", 0)
 
 
 def test_many_clients_of_both_kinds_are_woken_by_one_set() -> None:
