@@ -16,14 +16,15 @@ from __future__ import annotations
 
 # Process groups: groups, collectives and the c10d types (ferrodist.c10d, .ops,
 # .process_group, ._round_robin).
-from ferrodist import _round_robin, c10d, ops, process_group
+from ferrodist import _round_robin, _torch_names, c10d, ops, process_group
 from ferrodist._round_robin import *  # noqa: F403
+from ferrodist._torch_names import *  # noqa: F403
 from ferrodist.c10d import *  # noqa: F403
 from ferrodist.ops import *  # noqa: F403
 from ferrodist.process_group import *  # noqa: F403
 
 # ferrodist's own pieces; imported after the star imports so they win over torch's names.
-from ferrodist import _native
+from ferrodist import _native, algorithms
 from ferrodist.bucketing import (
     compute_bucket_assignment_by_size,
     compute_bucket_assignment_by_size_from_metadata,
@@ -78,10 +79,17 @@ __all__ = [
     "__version__",
     "_register_builtin_comm_hook",
     "_register_comm_hook",
+    "algorithms",
     "compute_bucket_assignment_by_size",
     "compute_bucket_assignment_by_size_from_metadata",
 ]
 __all__ += sorted(
-    (set(c10d.__all__) | set(ops.__all__) | set(process_group.__all__) | set(_round_robin.__all__))
+    (
+        set(c10d.__all__)
+        | set(ops.__all__)
+        | set(process_group.__all__)
+        | set(_round_robin.__all__)
+        | set(_torch_names.__all__)
+    )
     - set(__all__)
 )

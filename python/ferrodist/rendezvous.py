@@ -15,6 +15,7 @@ interval, so a prompt rendezvous costs three store round trips.
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import time
@@ -77,6 +78,23 @@ def _env(name: str) -> str:
     return value
 
 
+def _registered_handler(
+    url: str, scheme: str, rank: int, world_size: int, timeout: timedelta
+) -> tuple[_tdist.Store, int, int]:
+    """A scheme of the user's own, through the handler registered with torch's
+    ``register_rendezvous_handler`` (ferrodist re-exports it)."""
+    torch_rendezvous = importlib.import_module("torch.distributed.rendezvous")
+    if scheme not in torch_rendezvous._rendezvous_handlers:
+        raise ValueError(
+            f"No rendezvous handler for {scheme}://; use env://, tcp:// or file://, or register "
+            "one with register_rendezvous_handler"
+        )
+    # torch's own dispatcher: it puts rank and world_size into the URL as handlers expect.
+    handed = torch_rendezvous.rendezvous(url, rank, world_size, timeout=timeout)
+    store, rank, world_size = next(handed)
+    return store, rank, world_size
+
+
 def _open_store(
     url: str, rank: int, world_size: int, timeout: timedelta
 ) -> tuple[_tdist.Store, int, int]:
@@ -104,9 +122,7 @@ def _open_store(
         _check_rank(rank, world_size)
         return _store_class("file")(path, world_size), rank, world_size
     else:
-        raise ValueError(
-            f"No rendezvous handler for {parsed.scheme}://; use env://, tcp:// or file://"
-        )
+        return _registered_handler(url, parsed.scheme, rank, world_size, timeout)
     _check_rank(rank, world_size)
     try:
         store = _store_class("tcp")(host, port, world_size, hosts, timeout, wait_for_workers=False)
@@ -213,8 +229,9 @@ def rendezvous(
     """Open the store named by ``url`` and wait until every rank has joined.
 
     Args:
-        url: ``env://``, ``tcp://host:port[?rank=R&world_size=N]`` or
-            ``file:///path[?rank=R&world_size=N]``.
+        url: ``env://``, ``tcp://host:port[?rank=R&world_size=N]``,
+            ``file:///path[?rank=R&world_size=N]``, or a scheme registered with
+            ``register_rendezvous_handler`` (run by torch's dispatcher).
         rank: this process's rank (-1: from the URL or the environment).
         world_size: number of ranks (-1: from the URL or the environment).
         timeout: how long to wait for the store and the other ranks.

@@ -116,3 +116,23 @@ def test_round_robin_hands_each_call_to_the_next_group_in_turn():
     assert first.calls == [("allreduce", (["a"],)), ("allreduce", (["c"],))]
     assert second.calls == [("broadcast", (["b"],))]
     assert rr.process_groups == [first, second]
+
+
+# Modules torch.distributed happens to import for itself, not API.
+_INCIDENTAL = {"log", "logging", "sys", "timedelta", "torch", "traceback", "typing", "warnings"}
+
+
+def test_every_public_torch_distributed_name_is_there():
+    missing = [
+        name
+        for name in dir(tdist)
+        if not name.startswith("_") and name not in _INCIDENTAL and not hasattr(dist, name)
+    ]
+    assert missing == []
+
+
+def test_names_ferrodist_adds_nothing_to_are_torchs_own():
+    for name in ("DeviceMesh", "init_device_mesh", "breakpoint", "register_rendezvous_handler"):
+        assert getattr(dist, name) is getattr(tdist, name), name
+    assert dist.distributed_c10d is c10d
+    assert dist.algorithms.ddp_comm_hooks.default_hooks.allreduce_hook is not None

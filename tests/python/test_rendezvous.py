@@ -112,6 +112,23 @@ def test_bad_urls_raise_value_error(url: str, message: str):
         rdzv.rendezvous(url, timeout=timedelta(seconds=1))
 
 
+@pytest.mark.timeout(60)
+def test_a_scheme_registered_with_torch_is_used_by_init_process_group():
+    seen: list[str] = []
+
+    def handler(url: str, **kwargs: Any) -> Any:
+        seen.append(url)  # torch's dispatcher has put rank and world_size into the query
+        yield tdist.HashStore(), 0, 1
+
+    dist.register_rendezvous_handler("ferrodisttest", handler)
+    dist.init_process_group("gloo", init_method="ferrodisttest://job7", rank=0, world_size=1)
+    try:
+        assert dist.get_world_size() == 1 and dist.get_rank() == 0
+        assert seen == ["ferrodisttest://job7?rank=0&world_size=1"]
+    finally:
+        dist.destroy_process_group()
+
+
 def test_env_rendezvous_names_the_missing_variable(monkeypatch: pytest.MonkeyPatch):
     for name in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE"):
         monkeypatch.delenv(name, raising=False)
