@@ -13,6 +13,11 @@ What is better than torch, at no cost to compatibility:
 * a master binds the address it is given when that is an IP literal (torch binds every
   interface), never does reverse DNS, caps what one connection can make it buffer, and counts
   workers without polling.
+
+A client that calls its store back to back can set ``FERRODIST_STORE_SPIN_US`` (say 100) to
+poll for each reply that long before sleeping: on a virtual machine whose vCPUs stay busy that
+cuts a round trip from 125-150 µs to 28-40 µs, at the cost of that much CPU per call. It is off
+by default, since after idle periods (how most jobs call their store) it made calls slower.
 """
 
 from __future__ import annotations
