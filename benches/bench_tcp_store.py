@@ -367,7 +367,6 @@ def main() -> None:
             ("ferrodist client -> ferrodist", "ferrodist", ferrodist_client),
             ("torch client -> ferrodist", "ferrodist", torch_client),
         ]
-        rows: dict[str, dict[str, OpResult] | None] = {}
         servers: dict[str, Server] = {}
         setups: list[Setup] = []
         try:
@@ -375,13 +374,14 @@ def main() -> None:
                 if (kind == "ferrodist" and not have_ferrodist) or (
                     client is ferrodist_client and not have_client
                 ):
-                    rows[name] = None
-                    continue
+                    continue  # its row reads n/a
                 if kind not in servers:
                     servers[kind] = start_server(kind, dns_off)
                 setups.append(Setup(name, servers[kind], client(servers[kind].port)))
             measured = single_client_ops(setups, n_ops)
-            rows = {name: measured.get(name) for name, _, _ in pairs}
+            rows: dict[str, dict[str, OpResult] | None] = {
+                name: measured.get(name) for name, _, _ in pairs
+            }
         finally:
             for server in servers.values():
                 server.stop()

@@ -143,22 +143,19 @@ impl PyNativeStore {
 impl PyNativeStore {
     /// Stores ``value`` (bytes or str) under ``key``.
     fn set(&self, py: Python<'_>, key: Key, value: Value) -> PyResult<()> {
-        let key: &str = &key;
         let value = value.into_vec();
-        detached(py, || self.inner.set(key, &value))
+        detached(py, || self.inner.set(&key, &value))
     }
 
     /// Returns the value of ``key`` as bytes, waiting up to the store timeout for it.
     fn get(&self, py: Python<'_>, key: Key) -> PyResult<Vec<u8>> {
-        let key: &str = &key;
         let timeout = self.inner.timeout();
-        self.waiting(py, timeout, |slice| self.inner.get_timeout(key, slice))
+        self.waiting(py, timeout, |slice| self.inner.get_timeout(&key, slice))
     }
 
     /// Adds ``amount`` to the integer under ``key`` and returns the new value.
     fn add(&self, py: Python<'_>, key: Key, amount: i64) -> PyResult<i64> {
-        let key: &str = &key;
-        detached(py, || self.inner.add(key, amount))
+        detached(py, || self.inner.add(&key, amount))
     }
 
     /// torch's compare-and-set; returns the value after the call.
@@ -169,9 +166,8 @@ impl PyNativeStore {
         expected_value: Value,
         desired_value: Value,
     ) -> PyResult<Vec<u8>> {
-        let key: &str = &key;
         let (expected, desired) = (expected_value.into_vec(), desired_value.into_vec());
-        detached(py, || self.inner.compare_set(key, &expected, &desired))
+        detached(py, || self.inner.compare_set(&key, &expected, &desired))
     }
 
     /// True iff every key is present now.
@@ -190,8 +186,7 @@ impl PyNativeStore {
 
     /// Removes ``key``; True iff it existed.
     fn delete_key(&self, py: Python<'_>, key: Key) -> PyResult<bool> {
-        let key: &str = &key;
-        detached(py, || self.inner.delete_key(key))
+        detached(py, || self.inner.delete_key(&key))
     }
 
     /// Number of keys, internal ones included.
@@ -201,9 +196,8 @@ impl PyNativeStore {
 
     /// Appends ``value`` to ``key``.
     fn append(&self, py: Python<'_>, key: Key, value: Value) -> PyResult<()> {
-        let key: &str = &key;
         let value = value.into_vec();
-        detached(py, || self.inner.append(key, &value))
+        detached(py, || self.inner.append(&key, &value))
     }
 
     /// Values of every key, waiting for them up to the store timeout.
@@ -223,27 +217,24 @@ impl PyNativeStore {
 
     /// Pushes ``value`` onto the queue ``key``.
     fn queue_push(&self, py: Python<'_>, key: Key, value: Value) -> PyResult<()> {
-        let key: &str = &key;
         let value = value.into_vec();
-        detached(py, || self.inner.queue_push(key, &value))
+        detached(py, || self.inner.queue_push(&key, &value))
     }
 
     /// Pops the front of queue ``key``; with ``block``, waits up to the store timeout.
     #[pyo3(signature = (key, block=true))]
     fn queue_pop(&self, py: Python<'_>, key: Key, block: bool) -> PyResult<Vec<u8>> {
-        let key: &str = &key;
         if block {
             let timeout = self.inner.timeout();
-            let keys = [key.to_owned()];
+            let keys = [String::from(&*key)];
             self.waiting(py, timeout, |slice| self.inner.wait(&keys, Some(slice)))?;
         }
-        detached(py, || self.inner.queue_pop(key, false))
+        detached(py, || self.inner.queue_pop(&key, false))
     }
 
     /// Length of queue ``key`` (0 if it does not exist).
     fn queue_len(&self, py: Python<'_>, key: Key) -> PyResult<i64> {
-        let key: &str = &key;
-        detached(py, || self.inner.queue_len(key))
+        detached(py, || self.inner.queue_len(&key))
     }
 
     /// Every user-visible key.
@@ -260,9 +251,8 @@ impl PyNativeStore {
         world_size: i64,
         timeout: Option<Timeout>,
     ) -> PyResult<()> {
-        let key: &str = &key;
         let timeout = timeout_or(&*self.inner, timeout)?;
-        detached(py, || self.inner.barrier(key, world_size, Some(timeout)))
+        detached(py, || self.inner.barrier(&key, world_size, Some(timeout)))
     }
 
     /// The default timeout of blocking calls.

@@ -1,5 +1,5 @@
 //! The TCPStore client: one blocking connection to a torch or ferrodist server, driven by the
-//! calling thread (see [`ClientSocket`] for why blocking, and its brief spin before sleeping).
+//! calling thread (see [`ClientSocket`] for why blocking, and for its opt-in polling).
 //!
 //! It speaks raw wire keys (callers add torch's `/` prefix; see [`super::store`]) and follows the
 //! stock client's sequences, so any torch >= 2.4 server accepts it:

@@ -103,11 +103,6 @@ impl Outbox {
         self.small = BytesMut::new();
         Poll::Ready(Ok(()))
     }
-
-    /// Writes everything queued (see [`Outbox::poll_write_to`]).
-    pub async fn write_to<W: AsyncWrite + Unpin>(&mut self, sink: &mut W) -> std::io::Result<()> {
-        std::future::poll_fn(|cx| self.poll_write_to(sink, cx)).await
-    }
 }
 
 #[cfg(test)]
@@ -127,7 +122,9 @@ mod tests {
         Reply::Int(5).encode(&mut expected);
         assert_eq!(outbox.len(), expected.len());
         let mut written = Vec::new();
-        outbox.write_to(&mut written).await.unwrap();
+        std::future::poll_fn(|cx| outbox.poll_write_to(&mut written, cx))
+            .await
+            .unwrap();
         assert_eq!(written, expected.to_vec());
         assert!(outbox.is_empty());
     }

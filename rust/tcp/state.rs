@@ -154,7 +154,8 @@ impl Waiter {
     }
 
     /// True once released (without registering to be woken).
-    pub fn is_released(&self) -> bool {
+    #[cfg(test)]
+    fn is_released(&self) -> bool {
         self.db.lock().pending[self.id].released
     }
 }
