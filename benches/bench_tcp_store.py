@@ -9,7 +9,10 @@ One run measures, each against the baseline of torch's own client driving torch'
    (ROUNDS), and ops/s is the median round, so a busy moment on a shared machine hits all three;
 2. the rendezvous storm: N concurrent clients from one Rust load generator (benches/storm.rs)
    aimed at each server in turn (connect, handshake, add a counter, wait for a key the last
-   arrival sets, get it), with wall time, server CPU time and server RSS per connection;
+   arrival sets, get it), with wall time, server CPU time and server RSS per connection. A third
+   server, benches/storm_floor.rs, answers the same storm with nothing but the syscalls it needs,
+   so its CPU is the kernel's share, the floor under any server. The servers take turns over
+   STORM_ROUNDS rounds and each row is the round with median CPU;
 3. the DNS case: torch's servers reverse-resolve every accepted peer on the server thread, so a
    resolver that loses replies stalls everyone. The storm runs with the machine's resolver
    ("DNS on") and with a resolver that refuses at once ("DNS off", a private mount namespace
@@ -42,6 +45,10 @@ REPO = Path(__file__).resolve().parent.parent
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 PAGE = os.sysconf("SC_PAGE_SIZE")
 MIB = 1 << 20
+# benches/storm_floor.rs: the least a server can do to answer the storm (see its module doc).
+KERNEL_FLOOR = "kernel floor"
+# Storm rounds per size; the kinds take turns and each figure is the median round.
+STORM_ROUNDS = 3
 
 TORCH_SERVER = """
 import sys
@@ -104,6 +111,8 @@ def start_server(kind: str, dns_off: bool) -> Server:
     if kind == "ferrodist":
         binary = shutil.which("ferrodist-store") or str(REPO / "target/release/ferrodist-store")
         cmd = [binary, "--host", "127.0.0.1", "--port", "0"]
+    elif kind == KERNEL_FLOOR:
+        cmd = [bench_binary("storm_floor"), "--port", "0"]
     else:
         cmd = [sys.executable, "-c", TORCH_SERVER, kind.removeprefix("torch-")]
     if dns_off:
@@ -233,9 +242,10 @@ def single_client_ops(setups: list[Setup], n: int) -> dict[str, dict[str, OpResu
 # --- rendezvous storm ----------------------------------------------------------------------
 
 
-def storm_binary() -> str:
+def bench_binary(name: str) -> str:
+    """Builds one of benches/*.rs (release) and returns its executable."""
     out = subprocess.run(
-        ["cargo", "bench", "--bench", "storm", "--no-run", "--message-format=json", "-q"],
+        ["cargo", "bench", "--bench", name, "--no-run", "--message-format=json", "-q"],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -243,9 +253,9 @@ def storm_binary() -> str:
     ).stdout
     for line in out.splitlines():
         msg = json.loads(line)
-        if msg.get("target", {}).get("name") == "storm" and msg.get("executable"):
+        if msg.get("target", {}).get("name") == name and msg.get("executable"):
             return str(msg["executable"])
-    raise RuntimeError("cargo did not report the storm executable")
+    raise RuntimeError(f"cargo did not report the {name} executable")
 
 
 @dataclass
@@ -279,6 +289,24 @@ def run_storm(binary: str, server: Server, clients: int, source_ips: int = 0) ->
         (rss1 - rss0) / clients,
         result["slowest_client_s"],
     )
+
+
+def storm_rounds(
+    binary: str, kinds: list[str], clients: int, dns_off: bool, rounds: int
+) -> list[tuple[str, StormResult]]:
+    """Each kind storms `rounds` times, taking turns; per kind, the round with median CPU."""
+    by_kind: dict[str, list[StormResult]] = {kind: [] for kind in kinds}
+    for _ in range(rounds):
+        for kind in kinds:
+            server = start_server(kind, dns_off)
+            try:
+                by_kind[kind].append(run_storm(binary, server, clients))
+            finally:
+                server.stop()
+    return [
+        (kind, sorted(runs, key=lambda r: r.server_cpu_s)[len(runs) // 2])
+        for kind, runs in by_kind.items()
+    ]
 
 
 # --- report --------------------------------------------------------------------------------
@@ -387,19 +415,16 @@ def main() -> None:
                 server.stop()
         print_ops_table(rows)
 
-    binary = storm_binary() if not {"storm", "dns"} <= skip else ""
+    binary = bench_binary("storm") if not {"storm", "dns"} <= skip else ""
     kinds = ["torch-libuv"] + (["ferrodist"] if have_ferrodist else [])
     if "storm" not in skip:
+        rounds = 1 if args.quick else STORM_ROUNDS
         results = []
         for clients in storm_sizes:
-            for kind in kinds:
-                server = start_server(kind, dns_off)
-                try:
-                    results.append((kind, run_storm(binary, server, clients)))
-                finally:
-                    server.stop()
+            results += storm_rounds(binary, [*kinds, KERNEL_FLOOR], clients, dns_off, rounds)
         dns_note = "DNS off" if dns_off else "machine's resolver"
-        print_storm_table(f"Rendezvous storm ({dns_note})", results)
+        title = f"Rendezvous storm ({dns_note}), median of {rounds} rounds"
+        print_storm_table(title, results)
 
     if "dns" not in skip:
         results = []
