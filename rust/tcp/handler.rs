@@ -112,6 +112,10 @@ impl Handler {
     }
 
     fn log_end(&self, outcome: Result<(), Closed>) {
+        let quiet = matches!(outcome, Ok(()) | Err(Closed::Io(_)));
+        if quiet && !tracing::enabled!(tracing::Level::DEBUG) {
+            return; // spares a getpeername per connection when nobody reads the line
+        }
         let peer = self.stream.peer_addr().ok();
         let peer = peer
             .as_ref()
