@@ -4,42 +4,28 @@
 //! and never awaits, so a blocking mutex is cheaper than an async one and cannot be held across
 //! an `.await` by mistake (mini-redis makes the same argument for its `Db`).
 //!
-//! A wait that cannot be answered at once becomes a [`Waiter`]: a one-shot channel the
-//! connection handler awaits, registered under each missing key. Waking a key releases every
-//! waiter whose last missing key it was, and removes the key's list. A waiter that is woken,
-//! cancelled (CANCEL_WAIT) or dropped (the connection closed) leaves no trace in the registry,
-//! so unlike torch's libuv server a stale registration can never wake an unrelated later wait.
+//! A wait that cannot be answered at once becomes a [`Waiter`]: a handle the connection handler
+//! polls, registered in the [`Registry`] under each missing key. Waking a key releases every
+//! waiter whose last missing key it was. A waiter that is cancelled (CANCEL_WAIT) or dropped (the
+//! connection closed) can never wake or be woken again, so unlike torch's libuv server a stale
+//! registration cannot release an unrelated later wait.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::task::{Context, Poll, Waker};
+use std::task::{Context, Poll};
 
 use bytes::Bytes;
-use slab::Slab;
 
 use super::codec::SERVER_MARKER_KEY;
+use super::waiters::Registry;
 use crate::error::Result;
 use crate::store::parse_counter;
-
-/// A registered wait: how many distinct keys it still needs, and whom to wake when none.
-///
-/// It stays in the registry until its [`Waiter`] is dropped, so its slot (the waiter's id) is
-/// never reused while a waiter could still look at it. Kept small: a rendezvous storm holds one
-/// per rank, all at once.
-struct Pending {
-    keys: Vec<Bytes>,
-    missing: usize,
-    released: bool,
-    waker: Option<Waker>,
-}
 
 #[derive(Default)]
 struct State {
     values: HashMap<Bytes, Bytes>,
     queues: HashMap<Bytes, VecDeque<Bytes>>,
-    /// key -> ids of the waits still missing it, oldest first.
-    waiting_on: HashMap<Bytes, Vec<usize>>,
-    pending: Slab<Pending>,
+    waits: Registry,
 }
 
 impl State {
@@ -49,80 +35,16 @@ impl State {
             || key == SERVER_MARKER_KEY
     }
 
-    /// Releases every waiter whose last missing key is `key` (all waiters on it are satisfied).
     fn wake(&mut self, key: &[u8]) {
-        let Some(ids) = self.waiting_on.remove(key) else {
-            return;
-        };
-        for id in ids {
-            self.satisfy(id);
-        }
+        self.waits.wake(key);
     }
 
-    /// Releases waiters on `key` in arrival order until one is fully released (a queue push
-    /// makes one element, for one consumer).
     fn wake_one(&mut self, key: &[u8]) {
-        let Some(ids) = self.waiting_on.get_mut(key) else {
-            return;
-        };
-        let mut taken = Vec::new();
-        let mut released = false;
-        while !released && !ids.is_empty() {
-            let id = ids.remove(0);
-            released = self.pending.get(id).is_some_and(|p| p.missing == 1);
-            taken.push(id);
-        }
-        if ids.is_empty() {
-            self.waiting_on.remove(key);
-        }
-        for id in taken {
-            self.satisfy(id);
-        }
-    }
-
-    fn satisfy(&mut self, id: usize) {
-        let Some(p) = self.pending.get_mut(id).filter(|p| !p.released) else {
-            return;
-        };
-        p.missing -= 1;
-        if p.missing > 0 {
-            return;
-        }
-        p.released = true;
-        if let Some(waker) = p.waker.take() {
-            waker.wake();
-        }
-        let keys = std::mem::take(&mut p.keys);
-        self.forget_keys(id, &keys);
-    }
-
-    fn forget_keys(&mut self, id: usize, keys: &[Bytes]) {
-        for key in keys {
-            if let Some(ids) = self.waiting_on.get_mut(key) {
-                ids.retain(|&other| other != id);
-                if ids.is_empty() {
-                    self.waiting_on.remove(key);
-                }
-            }
-        }
+        self.waits.wake_one(key);
     }
 
     fn register(&mut self, missing: Vec<Bytes>, db: &Db) -> Waiter {
-        let id = self.pending.insert(Pending {
-            missing: missing.len(),
-            keys: Vec::new(),
-            released: false,
-            waker: None,
-        });
-        for key in &missing {
-            match self.waiting_on.get_mut(key) {
-                Some(ids) => ids.push(id),
-                None => {
-                    self.waiting_on.insert(key.clone(), vec![id]);
-                }
-            }
-        }
-        self.pending[id].keys = missing;
+        let id = self.waits.register(missing);
         Waiter { id, db: db.clone() }
     }
 }
@@ -141,30 +63,19 @@ impl Waiter {
 
     /// Ready once every key the wait needed is present; otherwise `cx` is woken when they are.
     pub fn poll_released(&mut self, cx: &mut Context<'_>) -> Poll<()> {
-        let mut state = self.db.lock();
-        let pending = &mut state.pending[self.id];
-        if pending.released {
-            return Poll::Ready(());
-        }
-        match &mut pending.waker {
-            Some(waker) if waker.will_wake(cx.waker()) => {}
-            slot => *slot = Some(cx.waker().clone()),
-        }
-        Poll::Pending
+        self.db.lock().waits.poll_released(self.id, cx)
     }
 
     /// True once released (without registering to be woken).
     #[cfg(test)]
     fn is_released(&self) -> bool {
-        self.db.lock().pending[self.id].released
+        self.db.lock().waits.is_released(self.id)
     }
 }
 
 impl Drop for Waiter {
     fn drop(&mut self) {
-        let mut state = self.db.lock();
-        let pending = state.pending.remove(self.id);
-        state.forget_keys(self.id, &pending.keys);
+        self.db.lock().waits.remove(self.id);
     }
 }
 
@@ -355,11 +266,7 @@ impl Db {
 
     /// Number of registered waits (for tests and metrics).
     pub fn pending_waits(&self) -> usize {
-        self.lock()
-            .pending
-            .iter()
-            .filter(|(_, p)| !p.released)
-            .count()
+        self.lock().waits.pending_count()
     }
 }
 
