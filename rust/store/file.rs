@@ -1,7 +1,7 @@
 //! FileStore: a store in one file, shared with torch's `FileStore` byte for byte.
 //!
 //! The file is torch's append-only record log ([`super::file_log`]) guarded by `flock`
-//! ([`super::file_lock`]), so a torch process and a ferrodist process can rendezvous through one
+//! (`file_lock.rs`), so a torch process and a ferrodist process can rendezvous through one
 //! file in either direction. Each instance replays the log into a cache and remembers how far it
 //! has read; an operation only parses what others appended since.
 //!

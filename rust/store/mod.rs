@@ -5,7 +5,7 @@
 //!
 //! * **Every blocking call has a deadline.** `get`, `wait`, blocking `queue_pop` and `barrier`
 //!   use the store's timeout unless given one; a zero timeout means "no deadline", as in torch.
-//!   [`wait_interruptible`] cuts a long wait into short slices so a caller (Python) can check
+//!   [`sliced`] cuts a long wait into short slices so a caller (Python) can check
 //!   for Ctrl-C between them without losing the overall deadline or its error message.
 //! * **Defaults match torch's base class.** A store that lacks an operation gets torch's
 //!   fallback (append as a compare_set loop, multi_get one key at a time, barrier from add +

@@ -18,8 +18,8 @@
 //! the socket's state without its lock: polling with `recv` fought the kernel for that lock
 //! while the kernel was delivering the awaited reply.
 //!
-//! Every blocking step has a deadline: a read sleeps at most [`READ_SLICE`] or the time left,
-//! whichever is shorter (`SO_RCVTIMEO`, left as it is while it is between [`MIN_READ_SLICE`] and
+//! Every blocking step has a deadline: a read sleeps at most `READ_SLICE` or the time left,
+//! whichever is shorter (`SO_RCVTIMEO`, left as it is while it is between `MIN_READ_SLICE` and
 //! the time left, so most calls make no `setsockopt`), and large writes set `SO_SNDTIMEO`;
 //! small writes rely on the send timeout set at connect.
 

@@ -211,7 +211,7 @@ const DROP_GRACE: Duration = Duration::from_secs(2);
 
 impl Server {
     /// Stops the server from synchronous code: stops accepting, closes every connection and,
-    /// outside the runtime, waits (at most [`DROP_GRACE`]) until the listener is closed, so the
+    /// outside the runtime, waits (at most `DROP_GRACE`) until the listener is closed, so the
     /// port can be bound again as soon as this returns (a second `init_process_group` on the
     /// same tcp:// address must not race the old server). On a runtime thread, or in a forked
     /// child that has none of the server's tasks, it only signals. Idempotent.

@@ -210,7 +210,7 @@ pub const SHARE_FRAMES_FROM: usize = 4 * 1024;
 
 /// Takes one complete request off the front of `buf`, or returns `Ok(None)` (leaving `buf`
 /// alone) when it is not complete yet. Keys and values of a large frame share `buf`'s memory;
-/// a small frame is copied (see [`SHARE_FRAMES_FROM`]).
+/// a small frame is copied (see `SHARE_FRAMES_FROM`).
 pub fn decode_request(buf: &mut BytesMut, limits: &Limits) -> Result<Option<Request>, FrameError> {
     let parsed = match parse(buf, limits) {
         Ok(parsed) => parsed,
