@@ -21,14 +21,9 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
 
-const VALIDATE: u8 = 0;
-const SET: u8 = 1;
-const GET: u8 = 3;
-const ADD: u8 = 4;
-const WAIT: u8 = 6;
-const PING: u8 = 13;
-const MAGIC: u32 = 0x3C85_F7CE;
-const STOP_WAITING: u8 = 0;
+mod wire;
+use wire::{ADD, GET, MAGIC, PING, SET, STOP_WAITING, VALIDATE, WAIT};
+
 const JOINED_KEY: &str = "/storm/joined";
 const GO_KEY: &str = "/storm/go";
 const GO_VALUE: &[u8] = b"go";

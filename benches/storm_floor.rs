@@ -15,13 +15,9 @@ use std::collections::HashMap;
 use std::io::Write;
 use std::os::fd::RawFd;
 
-const VALIDATE: u8 = 0;
-const SET: u8 = 1;
-const GET: u8 = 3;
-const ADD: u8 = 4;
-const WAIT: u8 = 6;
-const PING: u8 = 13;
-const STOP_WAITING: u8 = 0;
+mod wire;
+use wire::{ADD, GET, PING, SET, STOP_WAITING, VALIDATE, WAIT};
+
 const LISTENER: u64 = u64::MAX;
 
 fn check(ret: libc::c_int, what: &str) -> libc::c_int {
