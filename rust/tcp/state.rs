@@ -35,14 +35,6 @@ impl State {
             || key == SERVER_MARKER_KEY
     }
 
-    fn wake(&mut self, key: &[u8]) {
-        self.waits.wake(key);
-    }
-
-    fn wake_one(&mut self, key: &[u8]) {
-        self.waits.wake_one(key);
-    }
-
     fn register(&mut self, missing: Vec<Bytes>, db: &Db) -> Waiter {
         let id = self.waits.register(missing);
         Waiter { id, db: db.clone() }
@@ -99,7 +91,7 @@ impl Db {
     /// SET: stores and wakes waiters on the key.
     pub fn set(&self, key: Bytes, value: Bytes) {
         let mut state = self.lock();
-        state.wake(&key);
+        state.waits.wake(&key);
         state.values.insert(key, value);
     }
 
@@ -112,7 +104,7 @@ impl Db {
             Some(current) => *current == expected,
         };
         if write {
-            state.wake(&key);
+            state.waits.wake(&key);
             state.values.insert(key, desired.clone());
             return desired;
         }
@@ -133,7 +125,7 @@ impl Db {
             Some(v) => parse_counter(&String::from_utf8_lossy(&key), v)?,
         };
         let next = current.wrapping_add(delta);
-        state.wake(&key);
+        state.waits.wake(&key);
         state.values.insert(key, Bytes::from(next.to_string()));
         Ok(next)
     }
@@ -168,7 +160,7 @@ impl Db {
     /// APPEND: creates or extends the value, and wakes waiters.
     pub fn append(&self, key: Bytes, data: &[u8]) {
         let mut state = self.lock();
-        state.wake(&key);
+        state.waits.wake(&key);
         let value = state.values.entry(key).or_default();
         let mut joined = Vec::with_capacity(value.len() + data.len());
         joined.extend_from_slice(value);
@@ -188,7 +180,7 @@ impl Db {
     pub fn multi_set(&self, pairs: Vec<(Bytes, Bytes)>) {
         let mut state = self.lock();
         for (key, value) in pairs {
-            state.wake(&key);
+            state.waits.wake(&key);
             state.values.insert(key, value);
         }
     }
@@ -201,7 +193,7 @@ impl Db {
             .entry(key.clone())
             .or_default()
             .push_back(value);
-        state.wake_one(&key);
+        state.waits.wake_one(&key);
     }
 
     /// QUEUE_POP: the length before the pop, and the front element when there was one.
@@ -243,7 +235,7 @@ impl Db {
             .values
             .insert(key.clone(), Bytes::from(arrived.to_string()));
         if arrived >= world_size {
-            state.wake(&key);
+            state.waits.wake(&key);
             return Ok(None);
         }
         Ok(Some(state.register(vec![key], self)))
