@@ -25,6 +25,7 @@ Run: ``./scripts/bench benches/bench_tcp_store.py [--quick]``.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import re
@@ -242,8 +243,9 @@ def single_client_ops(setups: list[Setup], n: int) -> dict[str, dict[str, OpResu
 # --- rendezvous storm ----------------------------------------------------------------------
 
 
+@functools.cache
 def bench_binary(name: str) -> str:
-    """Builds one of benches/*.rs (release) and returns its executable."""
+    """Builds one of benches/*.rs (release) once per run and returns its executable."""
     out = subprocess.run(
         ["cargo", "bench", "--bench", name, "--no-run", "--message-format=json", "-q"],
         cwd=REPO,
