@@ -6,8 +6,8 @@ use std::io::Write;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use common::{frames, is_closed, raw, read_n, start_server, start_server_with};
-use ferrodist::tcp::codec::{Limits, Request, SERVER_MARKER_KEY, VALIDATE_MAGIC};
+use common::{frames, is_closed, raw, raw_ferrodist, read_n, start_server, start_server_with};
+use ferrodist::tcp::codec::{Limits, Request, VALIDATE_MAGIC};
 use ferrodist::tcp::ServerConfig;
 
 fn b(s: &str) -> Bytes {
@@ -21,33 +21,44 @@ fn value_reply(v: &str) -> Vec<u8> {
 }
 
 #[test]
-fn handshake_ping_and_marker_check_in_one_write_get_one_reply() {
+fn a_stock_ping_is_echoed_and_ferrodists_ping_is_answered_with_the_pong() {
     let server = start_server();
-    let mut stream = raw(&server, false);
-    let marker = Request::Check {
-        keys: vec![Bytes::from_static(SERVER_MARKER_KEY)],
-    };
+    for nonce in [0u32, 0x1356, 0xDEAD_BEEF, u32::MAX] {
+        let mut stream = raw(&server, true);
+        stream
+            .write_all(&frames(&[Request::Ping { nonce }]))
+            .unwrap();
+        assert_eq!(read_n(&stream, 4), nonce.to_le_bytes(), "nonce {nonce:#x}");
+    }
+    let stream = raw_ferrodist(&server); // asserts the pong
+    drop(stream);
+    assert_eq!(server.db().num_keys(), 0, "the handshake stores nothing");
+}
+
+#[test]
+fn a_stock_clients_request_behind_a_pending_wait_is_answered_at_once() {
+    let server = start_server();
+    let mut stream = raw(&server, true);
     stream
         .write_all(&frames(&[
-            Request::Validate {
-                magic: VALIDATE_MAGIC,
+            Request::Wait {
+                keys: vec![b("/k")],
             },
-            Request::Ping { nonce: 0xDEAD_BEEF },
-            marker,
-            Request::GetNumKeys,
+            Request::Get { key: b("/k") },
+            Request::Ping { nonce: 9 },
         ]))
         .unwrap();
-    assert_eq!(read_n(&stream, 4), 0xDEAD_BEEFu32.to_le_bytes());
-    assert_eq!(
-        read_n(&stream, 1),
-        [0],
-        "the marker is READY on ferrodist's server"
-    );
-    assert_eq!(
-        read_n(&stream, 8),
-        0i64.to_le_bytes(),
-        "the marker is not a stored key"
-    );
+    // As torch's libuv server: the GET of a missing key answers an empty value at once.
+    assert_eq!(read_n(&stream, 8), 0u64.to_le_bytes());
+    assert_eq!(read_n(&stream, 4), 9u32.to_le_bytes());
+    let mut setter = raw(&server, true);
+    setter
+        .write_all(&frames(&[Request::Set {
+            key: b("/k"),
+            value: b("v"),
+        }]))
+        .unwrap();
+    assert_eq!(read_n(&stream, 1), [0], "STOP_WAITING once the key is set");
 }
 
 #[test]
@@ -76,7 +87,7 @@ fn a_request_before_validate_closes_the_connection_and_is_not_applied() {
 #[test]
 fn pipelined_wait_and_get_are_answered_together_once_the_key_is_set() {
     let server = start_server();
-    let mut waiter = raw(&server, true);
+    let mut waiter = raw_ferrodist(&server);
     waiter
         .write_all(&frames(&[
             Request::Wait {
@@ -110,7 +121,7 @@ fn pipelined_wait_and_get_are_answered_together_once_the_key_is_set() {
 #[test]
 fn cancel_wait_drops_held_requests_and_leaves_the_connection_usable() {
     let server = start_server();
-    let mut stream = raw(&server, true);
+    let mut stream = raw_ferrodist(&server);
     stream
         .write_all(&frames(&[
             Request::Wait {
@@ -133,7 +144,7 @@ fn cancel_wait_drops_held_requests_and_leaves_the_connection_usable() {
 #[test]
 fn cancel_after_release_reads_stop_then_the_held_reply_then_canceled() {
     let server = start_server();
-    let mut stream = raw(&server, true);
+    let mut stream = raw_ferrodist(&server);
     stream
         .write_all(&frames(&[
             Request::Wait {

@@ -45,16 +45,22 @@ from ferrodist.errors import (
     DistNetworkError,
     DistStoreError,
     FerrodistError,
+    InvalidArgumentError,
     InvalidInputError,
     QueueEmptyError,
     StoreTimeoutError,
 )
 from ferrodist.file_store import FileStore
 from ferrodist.prefix_store import PrefixStore
+from ferrodist._rendezvous_api import rendezvous, share_ports_with_torch
 from ferrodist.store import HashStore, Store
 from ferrodist.tcp_store import TCPStore
 
 __version__: str = _native.__version__
+
+# torch RPC's tcp:// / env:// init shares a port ferrodist's rendezvous serves (see
+# ferrodist._rendezvous_api): torch's handlers are wrapped once, untouched for other ports.
+share_ports_with_torch()
 
 __all__ = [
     "BuiltinCommHookType",
@@ -67,6 +73,7 @@ __all__ = [
     "FileStore",
     "GradBucket",
     "HashStore",
+    "InvalidArgumentError",
     "InvalidInputError",
     "Logger",
     "PrefixStore",
@@ -82,6 +89,7 @@ __all__ = [
     "algorithms",
     "compute_bucket_assignment_by_size",
     "compute_bucket_assignment_by_size_from_metadata",
+    "rendezvous",
 ]
 __all__ += sorted(
     (

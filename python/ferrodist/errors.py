@@ -17,6 +17,7 @@ __all__ = [
     "DistNetworkError",
     "DistStoreError",
     "FerrodistError",
+    "InvalidArgumentError",
     # --- collectives ---
     "InvalidInputError",
     "QueueEmptyError",
@@ -46,6 +47,16 @@ class DistBackendError(DistError, _tdist.DistBackendError):
 
 class QueueEmptyError(DistStoreError, _tdist.QueueEmptyError):
     """A non-blocking ``queue_pop`` found the queue empty."""
+
+
+class InvalidArgumentError(DistStoreError, ValueError):
+    """An argument, or a stored value, that the operation cannot use (``multi_set`` with more
+    keys than values, ``add`` on a value that is not an integer).
+
+    A ``ValueError`` whose message names what was wrong, and also a ``DistStoreError``: torch's
+    TCPStore raises that class for these, so both ``except ValueError`` and torch's ``except``
+    clauses catch it.
+    """
 
 
 class StoreTimeoutError(DistStoreError, TimeoutError):

@@ -1,6 +1,6 @@
 """Creating, inspecting and tearing down process groups.
 
-``init_process_group`` is ferrodist's: it runs the rendezvous (``ferrodist.rendezvous``, which
+``init_process_group`` is ferrodist's: it runs the rendezvous (``ferrodist._rendezvous``, which
 hosts the store in rank 0 for ``tcp://`` and ``env://``, reports progress and names missing ranks
 on timeout) and then hands the store to torch's ``init_process_group``, which builds the gloo or
 NCCL backend over it. The default group therefore lives in torch's own registry, so everything
@@ -50,7 +50,8 @@ from torch.distributed import (
     supports_complex,
 )
 
-from ferrodist import rendezvous as _rendezvous
+from ferrodist import _rendezvous
+from ferrodist.prefix_store import PrefixStore
 
 __all__ = [
     "default_pg_timeout",
@@ -153,9 +154,10 @@ def init_process_group(
     stores = [] if store is None else [store]
     if store is None:
         url = init_method if init_method is not None else "env://"
-        base, rank, world_size = _rendezvous.rendezvous(url, rank, world_size, timeout)
-        # torch prefixes the store it builds this way; the backend's keys match torch's.
-        store = _tdist.PrefixStore("default_pg", base)
+        base, rank, world_size = _rendezvous.join(url, rank, world_size, timeout)
+        # torch prefixes the store it builds this way; the backend's keys match torch's, and
+        # the prefix store is ferrodist's, as torch's is torch's.
+        store = PrefixStore("default_pg", base)
         stores.append(base)
     _tdist.init_process_group(
         backend,

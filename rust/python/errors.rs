@@ -4,7 +4,7 @@
 //! and the torch or built-in class a torch user already catches (pyo3's `create_exception!`
 //! takes a single base).
 
-use pyo3::exceptions::{PyNotImplementedError, PyOSError, PyValueError};
+use pyo3::exceptions::{PyNotImplementedError, PyOSError};
 use pyo3::prelude::*;
 
 use crate::error::Error;
@@ -14,6 +14,7 @@ pyo3::import_exception!(ferrodist.errors, DistNetworkError);
 pyo3::import_exception!(ferrodist.errors, StoreTimeoutError);
 pyo3::import_exception!(ferrodist.errors, ConnectionClosedError);
 pyo3::import_exception!(ferrodist.errors, QueueEmptyError);
+pyo3::import_exception!(ferrodist.errors, InvalidArgumentError);
 // --- collectives ---
 pyo3::import_exception!(ferrodist.errors, InvalidInputError);
 
@@ -27,7 +28,9 @@ pub fn to_py(err: Error) -> PyErr {
         }
         Error::Network(_) => DistNetworkError::new_err(message),
         Error::Io(io) => PyOSError::new_err((io.raw_os_error().unwrap_or(0), io.to_string())),
-        Error::InvalidArgument(_) | Error::InvalidValue(_) => PyValueError::new_err(message),
+        Error::InvalidArgument(_) | Error::InvalidValue(_) => {
+            InvalidArgumentError::new_err(message)
+        }
         Error::QueueEmpty => QueueEmptyError::new_err(message),
         Error::NotImplemented(_) => PyNotImplementedError::new_err(message),
         Error::Protocol(_) | Error::Corrupt { .. } | Error::Store(_) | Error::Interrupted => {

@@ -8,10 +8,21 @@ use std::time::Duration;
 
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyString};
+use pyo3::types::{PyBool, PyBytes, PyDelta, PyDeltaAccess, PyFloat, PyInt, PyString};
 
 use super::blocking::{detached, detached_sliced};
 use crate::store::{HashStore, Store};
+
+/// The UTF-8 text of a `str`. One that cannot be encoded (a lone surrogate) is a `TypeError`,
+/// the class torch's argument conversion raises, rather than a `UnicodeEncodeError`.
+fn utf8<'a>(text: &'a Bound<'_, PyString>, what: &str) -> PyResult<std::borrow::Cow<'a, str>> {
+    text.to_cow().map_err(|err| {
+        PyTypeError::new_err(format!(
+            "a store {what} must be encodable as UTF-8: {}",
+            err.value(text.py())
+        ))
+    })
+}
 
 /// A value as torch accepts it: `bytes` or `str` (encoded as UTF-8).
 ///
@@ -31,7 +42,7 @@ impl<'a, 'py> FromPyObject<'a, 'py> for Value {
 
     fn extract(obj: Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
         if let Ok(text) = obj.cast::<PyString>() {
-            return Ok(Value(text.to_cow()?.as_bytes().to_vec()));
+            return Ok(Value(utf8(&text, "value")?.as_bytes().to_vec()));
         }
         if let Ok(bytes) = obj.cast::<PyBytes>() {
             return Ok(Value(bytes.as_bytes().to_vec()));
@@ -69,7 +80,7 @@ impl<'a, 'py> FromPyObject<'a, 'py> for Key {
 
     fn extract(obj: Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
         if let Ok(text) = obj.cast::<PyString>() {
-            return Ok(Key(text.to_cow()?.into_owned()));
+            return Ok(Key(utf8(&text, "key")?.into_owned()));
         }
         if let Ok(bytes) = obj.cast::<PyBytes>() {
             return String::from_utf8(bytes.as_bytes().to_vec())
@@ -83,26 +94,80 @@ impl<'a, 'py> FromPyObject<'a, 'py> for Key {
     }
 }
 
+/// The `amount` of `add`: a Python int that fits in an `i64`, as torch's C++ takes it. One that
+/// does not fit is a `TypeError` (torch's class), not pyo3's `OverflowError`.
+pub struct Amount(i64);
+
+impl<'a, 'py> FromPyObject<'a, 'py> for Amount {
+    type Error = PyErr;
+
+    fn extract(obj: Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
+        if !obj.is_instance_of::<PyInt>() {
+            return Err(PyTypeError::new_err(format!(
+                "add(): amount must be an int, got {}",
+                obj.get_type().name()?
+            )));
+        }
+        obj.extract::<i64>().map(Amount).map_err(|_| {
+            let shown = obj.str().map_or_else(|_| "?".into(), |s| s.to_string());
+            PyTypeError::new_err(format!(
+                "add(): amount {shown} does not fit in a signed 64-bit integer"
+            ))
+        })
+    }
+}
+
 /// A timeout as torch accepts it: `datetime.timedelta`, or a number of seconds.
-#[derive(FromPyObject)]
-pub enum Timeout {
-    /// A `datetime.timedelta`.
-    Delta(Duration),
-    /// Seconds as a float or int.
-    Seconds(f64),
+///
+/// A negative timeout is one that has already passed, as torch's HashStore treats it: a wait
+/// with it fails at once with a store timeout if a key is missing (torch's TCPStore would hang).
+pub struct Timeout {
+    seconds: f64,
+}
+
+/// The longest timeout kept as given; longer ones (and infinity) are capped here so that a
+/// deadline computed from them cannot overflow. A century is "forever" for a training job.
+const LONGEST_TIMEOUT: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
+impl<'a, 'py> FromPyObject<'a, 'py> for Timeout {
+    type Error = PyErr;
+
+    fn extract(obj: Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
+        if let Ok(delta) = obj.cast::<PyDelta>() {
+            let seconds = f64::from(delta.get_days()) * 86_400.0
+                + f64::from(delta.get_seconds())
+                + f64::from(delta.get_microseconds()) / 1e6;
+            return Ok(Timeout { seconds });
+        }
+        if obj.is_instance_of::<PyBool>()
+            || !(obj.is_instance_of::<PyInt>() || obj.is_instance_of::<PyFloat>())
+        {
+            return Err(PyTypeError::new_err(format!(
+                "timeout must be a datetime.timedelta or a number of seconds, got {}",
+                obj.get_type().name()?
+            )));
+        }
+        Ok(Timeout {
+            seconds: obj.extract()?,
+        })
+    }
 }
 
 impl Timeout {
-    /// The timeout as a `Duration`; negative or non-finite seconds are rejected.
+    /// The timeout as a `Duration`: negative is 1 ns (already passed), beyond a century is a
+    /// century; NaN is refused.
     pub fn duration(&self) -> PyResult<Duration> {
-        match self {
-            Timeout::Delta(d) => Ok(*d),
-            Timeout::Seconds(s) => Duration::try_from_secs_f64(*s).map_err(|_| {
-                pyo3::exceptions::PyValueError::new_err(format!(
-                    "timeout must be a non-negative number of seconds, got {s}"
-                ))
-            }),
+        if self.seconds.is_nan() {
+            return Err(PyValueError::new_err(
+                "timeout must be a number of seconds, got nan",
+            ));
         }
+        if self.seconds < 0.0 {
+            return Ok(Duration::from_nanos(1));
+        }
+        Ok(Duration::try_from_secs_f64(self.seconds)
+            .unwrap_or(LONGEST_TIMEOUT)
+            .min(LONGEST_TIMEOUT))
     }
 }
 
@@ -154,8 +219,8 @@ impl PyNativeStore {
     }
 
     /// Adds ``amount`` to the integer under ``key`` and returns the new value.
-    fn add(&self, py: Python<'_>, key: Key, amount: i64) -> PyResult<i64> {
-        detached(py, || self.inner.add(&key, amount))
+    fn add(&self, py: Python<'_>, key: Key, amount: Amount) -> PyResult<i64> {
+        detached(py, || self.inner.add(&key, amount.0))
     }
 
     /// torch's compare-and-set; returns the value after the call.
@@ -203,8 +268,12 @@ impl PyNativeStore {
     /// Values of every key, waiting for them up to the store timeout.
     fn multi_get(&self, py: Python<'_>, keys: Vec<Key>) -> PyResult<Vec<Vec<u8>>> {
         let keys = Key::strings(keys);
-        let timeout = self.inner.timeout();
-        self.waiting(py, timeout, |slice| self.inner.wait(&keys, Some(slice)))?;
+        if self.inner.sliceable_waits() {
+            // Wait first in Ctrl-C-checked slices; a store that cannot slice waits inside its
+            // own multi_get, as torch's PrefixStore leaves it to.
+            let timeout = self.inner.timeout();
+            self.waiting(py, timeout, |slice| self.inner.wait(&keys, Some(slice)))?;
+        }
         detached(py, || self.inner.multi_get(&keys))
     }
 

@@ -110,6 +110,13 @@ fn tcp_store(
     })
 }
 
+/// True when a ferrodist server of this process, shared by multi-tenant masters, serves
+/// ``port`` (what torch's rendezvous handlers check before binding it themselves).
+#[pyfunction]
+fn serves_port(port: u16) -> bool {
+    crate::tcp::store::serves_port(port)
+}
+
 /// Runs the ``ferrodist-store`` server with ``argv`` (program name first) until SIGTERM or
 /// SIGINT; the body of the ``ferrodist-store`` console script.
 #[pyfunction]
@@ -121,6 +128,7 @@ fn store_server_main(py: Python<'_>, argv: Vec<String>) -> PyResult<()> {
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyTcpStoreHandle>()?;
     m.add_function(wrap_pyfunction!(tcp_store, m)?)?;
+    m.add_function(wrap_pyfunction!(serves_port, m)?)?;
     m.add_function(wrap_pyfunction!(store_server_main, m)?)?;
     Ok(())
 }

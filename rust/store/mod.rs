@@ -263,9 +263,11 @@ pub fn parse_counter(key: &str, value: &[u8]) -> Result<i64> {
         .position(|b| !b.is_ascii_digit())
         .unwrap_or(digits.len())];
     let bad = || {
+        // The value itself stays out of the message: it may be large or secret, and servers
+        // log this text.
         Error::InvalidValue(format!(
-            "add: value of key '{key}' is not an integer: {:?}",
-            String::from_utf8_lossy(value)
+            "add: the value of key '{key}' is not a decimal integer ({} bytes)",
+            value.len()
         ))
     };
     if run.is_empty() {

@@ -7,9 +7,10 @@
 //! * **Connect** resolves the host forward only (no reverse lookup), tries every address, and
 //!   retries refused/reset/unreachable connects and failed handshakes with torch's backoff
 //!   (500 ms, x1.5, +-50 % jitter, at most 60 s) until the deadline.
-//! * **Handshake**: VALIDATE, PING (echo checked) and a CHECK of [`SERVER_MARKER_KEY`], in one
-//!   write and one round trip. Only ferrodist's server says the marker is present; torch's say
-//!   "not ready", harmlessly.
+//! * **Handshake**: torch's VALIDATE and PING, in one write and one round trip, and nothing
+//!   more, so any server that answers torch's client answers this one. The PING carries
+//!   [`FERRODIST_PING`] rather than the pid: ferrodist's server answers [`FERRODIST_PONG`], any
+//!   other server echoes the nonce, and either answer is accepted.
 //! * **Waits** follow torch's CANCEL_WAIT exchange, with two refinements. Against ferrodist's
 //!   server, a GET or MULTI_GET is sent in the same write as its WAIT (the server holds it until
 //!   the wait is released), so `get` costs one round trip instead of two. And a wait that times
@@ -29,8 +30,8 @@ use bytes::{Bytes, BytesMut};
 
 use super::client_socket::{ClientSocket, Filled};
 use super::codec::{
-    decode_reply, Limits, Reply, ReplyKind, Request, NOT_READY, READY, SERVER_MARKER_KEY,
-    STOP_WAITING, VALIDATE_MAGIC, WAIT_CANCELED,
+    decode_reply, Limits, Reply, ReplyKind, Request, FERRODIST_PING, FERRODIST_PONG, NOT_READY,
+    READY, STOP_WAITING, VALIDATE_MAGIC, WAIT_CANCELED,
 };
 use crate::error::{Error, Result};
 use crate::store::Deadline;
@@ -39,6 +40,11 @@ use crate::store::Deadline;
 const BACKOFF_START: Duration = Duration::from_millis(500);
 /// Longest reconnect delay, as torch's client.
 const BACKOFF_MAX: Duration = Duration::from_secs(60);
+
+/// Time kept back from the last backoff sleep so that one more attempt runs before the deadline.
+const FINAL_ATTEMPT_RESERVE: Duration = Duration::from_millis(20);
+/// Shortest pause between attempts, so the last moments before a deadline do not spin.
+const MIN_RETRY_PAUSE: Duration = Duration::from_millis(5);
 
 /// Fire-and-forget requests check for a closed connection at most this often.
 const PEER_CHECK_EVERY: Duration = Duration::from_millis(1);
@@ -127,10 +133,17 @@ fn resolve(host: &str, port: u16, deadline: Deadline) -> Result<Vec<SocketAddr>>
 
 impl Client {
     /// Connects and handshakes, retrying with backoff until `timeout` (zero: forever) passes.
+    ///
+    /// The last sleep is cut short to the deadline and one more attempt is made there, so a
+    /// server that starts late in the window is still found; the error says how long the
+    /// attempts really went on and how many there were.
     pub fn connect(host: &str, port: u16, timeout: Duration) -> Result<Client> {
+        let started = Instant::now();
         let deadline = Deadline::after(timeout);
         let mut interval = BACKOFF_START;
+        let mut attempts = 0u32;
         loop {
+            attempts += 1;
             let last = match Client::connect_once(host, port, deadline) {
                 Ok(client) => return Ok(client),
                 Err(err) => err,
@@ -138,15 +151,21 @@ impl Client {
             let delay = interval.mul_f64(jitter());
             interval = interval.mul_f64(1.5).min(BACKOFF_MAX);
             match deadline.remaining() {
-                Some(left) if left <= delay => {
-                    tracing::debug!(%last, "giving up connecting");
+                Some(left) if left.is_zero() => {
+                    tracing::debug!(%last, attempts, "giving up connecting");
                     return Err(Error::Network(format!(
                         "The client socket has timed out after {}ms while trying to connect \
-                         to ({host}, {port}). Last error: {last}",
-                        deadline.timeout().as_millis()
+                         to ({host}, {port}): {attempts} attempts over {}ms. Last error: {last}",
+                        deadline.timeout().as_millis(),
+                        started.elapsed().as_millis()
                     )));
                 }
-                _ => std::thread::sleep(delay),
+                Some(left) => std::thread::sleep(
+                    delay
+                        .min(left.saturating_sub(FINAL_ATTEMPT_RESERVE))
+                        .max(MIN_RETRY_PAUSE.min(left)),
+                ),
+                None => std::thread::sleep(delay),
             }
         }
     }
@@ -187,26 +206,25 @@ impl Client {
             pending: None,
             busy: false,
         };
-        let nonce = std::process::id();
         Request::Validate {
             magic: VALIDATE_MAGIC,
         }
         .encode(&mut client.output);
-        Request::Ping { nonce }.encode(&mut client.output);
-        let marker = Request::Check {
-            keys: vec![Bytes::from_static(SERVER_MARKER_KEY)],
-        };
-        marker.encode(&mut client.output);
+        Request::Ping {
+            nonce: FERRODIST_PING,
+        }
+        .encode(&mut client.output);
         client.flush()?;
-        match client.read_reply(ReplyKind::Nonce)? {
-            Reply::Nonce(echo) if echo == nonce => {}
+        client.ferrodist_server = match client.read_reply(ReplyKind::Nonce)? {
+            Reply::Nonce(FERRODIST_PONG) => true,
+            Reply::Nonce(FERRODIST_PING) => false,
             other => {
                 return Err(Error::Network(format!(
-                    "Ping failed, invalid value returned from server. Expected: {nonce}, Got: {other:?}"
+                    "Ping failed, invalid value returned from server. Expected: \
+                     {FERRODIST_PING}, Got: {other:?}"
                 )))
             }
-        }
-        client.ferrodist_server = client.read_reply(ReplyKind::Byte)? == Reply::Byte(READY);
+        };
         Ok(client)
     }
 
@@ -215,7 +233,7 @@ impl Client {
         &self.peer
     }
 
-    /// True when the server is ferrodist's (it answered the handshake's marker CHECK).
+    /// True when the server is ferrodist's (it answered the handshake's PING with [`FERRODIST_PONG`]).
     pub fn is_ferrodist_server(&self) -> bool {
         self.ferrodist_server
     }

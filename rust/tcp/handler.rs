@@ -1,13 +1,18 @@
 //! One accepted connection: read requests, apply them to the shared [`Db`], write replies.
 //!
-//! Requests are handled **in order**, one at a time, as torch's single-threaded servers do, with
-//! one improvement: while a WAIT is pending, later requests are read and held back until it is
-//! released, instead of being answered at once. So a client may send WAIT and GET in one write
-//! and get STOP_WAITING and the value in one round trip (torch's libuv server would answer the
-//! GET at once with an empty value). CANCEL_WAIT is the exception: it is acted on as soon as it
-//! is read, cancels the pending wait and drops the requests held behind it (they depended on
-//! that wait), and is answered with WAIT_CANCELED. A stock client never pipelines, so it sees
-//! exactly torch's behaviour.
+//! Requests are handled **in order**, one at a time, as torch's servers do. What happens to a
+//! request that arrives while a WAIT is still pending depends on who sent it:
+//!
+//! * A **stock client** gets torch's behaviour: the request is answered at once (a GET of a
+//!   missing key answers an empty value, as torch's libuv server does), and the STOP_WAITING
+//!   comes whenever the wait is released. Only a second WAIT or BARRIER is held until the first
+//!   is released, since a connection has one pending wait.
+//! * A **ferrodist client** (it sent [`FERRODIST_PING`] in its handshake) gets every later
+//!   request held until the wait is released. So it may send WAIT and GET in one write and get
+//!   STOP_WAITING and the value in one round trip.
+//!
+//! CANCEL_WAIT is acted on as soon as it is read, cancels the pending wait, drops the requests
+//! held behind it (they depended on that wait) and is answered with WAIT_CANCELED.
 //!
 //! Memory per connection is bounded: the read buffer grows only as far as the frame being read
 //! needs, a frame whose declared lengths break [`Limits`] closes the connection at once (before
@@ -24,8 +29,8 @@ use tokio::io::{AsyncRead, ReadBuf};
 use tokio::net::TcpStream;
 
 use super::codec::{
-    decode_request, scan_request, FrameError, Limits, Reply, Request, Scan, STOP_WAITING,
-    VALIDATE_MAGIC, WAIT_CANCELED,
+    decode_request, scan_request, FrameError, Limits, Reply, Request, Scan, FERRODIST_PING,
+    FERRODIST_PONG, STOP_WAITING, VALIDATE_MAGIC, WAIT_CANCELED,
 };
 use super::outbox::Outbox;
 use super::shutdown::Shutdown;
@@ -78,6 +83,8 @@ pub struct Handler {
     input: BytesMut,
     output: Outbox,
     validated: bool,
+    /// The peer is ferrodist's client: hold every request behind a pending wait.
+    holds_behind_wait: bool,
     waiting: Option<Waiter>,
     held: VecDeque<Request>,
     held_bytes: usize,
@@ -93,6 +100,7 @@ impl Handler {
             input: BytesMut::new(),
             output: Outbox::default(),
             validated: false,
+            holds_behind_wait: false,
             waiting: None,
             held: VecDeque::new(),
             held_bytes: 0,
@@ -223,7 +231,7 @@ impl Handler {
                     self.held_bytes = 0;
                     self.output.put_u8(WAIT_CANCELED);
                 }
-                request if self.waiting.is_some() => {
+                request if self.waiting.is_some() && self.must_hold(&request) => {
                     self.held_bytes += request_bytes(&request);
                     self.held.push_back(request);
                     if self.held.len() > MAX_HELD_REQUESTS
@@ -235,6 +243,13 @@ impl Handler {
                 request => self.apply(request)?,
             }
         }
+    }
+
+    /// Whether `request`, read while a wait is pending, waits for its release.
+    fn must_hold(&self, request: &Request) -> bool {
+        self.holds_behind_wait
+            || !self.held.is_empty()
+            || matches!(request, Request::Wait { .. } | Request::Barrier { .. })
     }
 
     /// Applies one request to the store and queues its reply.
@@ -280,6 +295,12 @@ impl Handler {
                 return Ok(());
             }
             Request::CancelWait => Reply::Byte(WAIT_CANCELED),
+            Request::Ping {
+                nonce: FERRODIST_PING,
+            } => {
+                self.holds_behind_wait = true;
+                Reply::Nonce(FERRODIST_PONG)
+            }
             Request::Ping { nonce } => Reply::Nonce(nonce),
             Request::QueuePush { key, value } => {
                 db.queue_push(key, value);

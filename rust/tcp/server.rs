@@ -106,8 +106,10 @@ pub fn bind(config: &ServerConfig) -> Result<std::net::TcpListener> {
         }
     }
     let (addr, err) = last.expect("at least one address is tried");
+    // torch's opening words, which callers match on; then what was tried and why it failed.
     Err(Error::Network(format!(
-        "The server socket has failed to listen on {addr} (host {:?}, port {}): {err}",
+        "The server socket has failed to listen on any local network address. \
+         host: {:?}, port: {}, address: {addr}, error: {err}",
         config.host, config.port
     )))
 }
@@ -185,6 +187,14 @@ impl Server {
     /// The address the server listens on (with the port picked when 0 was asked).
     pub fn local_addr(&self) -> SocketAddr {
         self.local_addr
+    }
+
+    /// True once [`Server::stop`] has closed the listener.
+    pub fn is_stopped(&self) -> bool {
+        self.listening
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_none()
     }
 
     /// The server's state, for code running in the same process.

@@ -16,7 +16,6 @@ use std::task::{Context, Poll};
 
 use bytes::Bytes;
 
-use super::codec::SERVER_MARKER_KEY;
 use super::waiters::Registry;
 use crate::error::Result;
 use crate::store::parse_counter;
@@ -30,9 +29,7 @@ struct State {
 
 impl State {
     fn present(&self, key: &[u8]) -> bool {
-        self.values.contains_key(key)
-            || self.queues.get(key).is_some_and(|q| !q.is_empty())
-            || key == SERVER_MARKER_KEY
+        self.values.contains_key(key) || self.queues.get(key).is_some_and(|q| !q.is_empty())
     }
 
     fn register(&mut self, missing: Vec<Bytes>, db: &Db) -> Waiter {

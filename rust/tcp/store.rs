@@ -83,6 +83,15 @@ fn tenants() -> &'static Mutex<HashMap<u16, Weak<Server>>> {
     TENANTS.get_or_init(Default::default)
 }
 
+/// True when a server of this process that multi-tenant masters share listens on `port`.
+pub fn serves_port(port: u16) -> bool {
+    let tenants = tenants().lock().unwrap_or_else(|p| p.into_inner());
+    tenants
+        .get(&port)
+        .and_then(Weak::upgrade)
+        .is_some_and(|server| !server.is_stopped())
+}
+
 /// A blocking, torch-compatible TCP store client (and, for a master, its server).
 pub struct TcpStore {
     host: String,
@@ -123,7 +132,17 @@ impl TcpStore {
             ));
         }
         let (server, started) = if options.is_master {
-            host_server(&options)?
+            match host_server(&options) {
+                Ok(hosted) => hosted,
+                Err(err) if agent_serves(options.port) => {
+                    // As torch: under torchelastic the agent already serves this port.
+                    tracing::warn!(%err, port = options.port,
+                        "TORCHELASTIC_USE_AGENT_STORE is set and the agent serves MASTER_PORT: \
+                         carrying on as a client of its store");
+                    (None, false)
+                }
+                Err(err) => return Err(err),
+            }
         } else {
             (None, false)
         };
@@ -250,10 +269,22 @@ impl TcpStore {
     }
 }
 
+/// True when torchelastic's agent hosts the store on `port`: `TORCHELASTIC_USE_AGENT_STORE` is
+/// set and `MASTER_PORT` is `port`. A master that cannot bind then joins the agent's store.
+fn agent_serves(port: u16) -> bool {
+    let flagged = std::env::var_os("TORCHELASTIC_USE_AGENT_STORE").is_some_and(|v| !v.is_empty());
+    let master_port = std::env::var("MASTER_PORT").ok();
+    flagged && port != 0 && master_port.and_then(|p| p.trim().parse::<u16>().ok()) == Some(port)
+}
+
 fn host_server(options: &TcpStoreOptions) -> Result<(Option<Arc<Server>>, bool)> {
     let mut tenants = tenants().lock().unwrap_or_else(|p| p.into_inner());
     if options.multi_tenant && options.port != 0 {
-        if let Some(server) = tenants.get(&options.port).and_then(Weak::upgrade) {
+        let live = tenants
+            .get(&options.port)
+            .and_then(Weak::upgrade)
+            .filter(|server| !server.is_stopped());
+        if let Some(server) = live {
             return Ok((Some(server), false));
         }
     }

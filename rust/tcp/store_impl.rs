@@ -34,6 +34,30 @@ impl TcpStore {
         }
     }
 
+    /// Why the server closed the connection on an ADD. torch's servers (and ours) have no error
+    /// reply, so a value that is not an integer ends the connection and a stock client can only
+    /// ask whether the server crashed. This reconnects and reads the value: if it is not an
+    /// integer, the error says so (with its length, never its bytes); otherwise the original
+    /// error stands.
+    fn explain_refused_add(&self, key: &str, closed: Error) -> Error {
+        let probe = self.run(None, |c, d| {
+            if !c.check(d, &[wire(key)])? {
+                return Ok(None);
+            }
+            c.call_value(d, &Request::Get { key: wire(key) }).map(Some)
+        });
+        match probe {
+            Ok(Some(value)) => match crate::store::parse_counter(key, &value) {
+                Err(not_an_integer) => Error::InvalidValue(format!(
+                    "{not_an_integer}; the server refused the add and closed the connection \
+                     (the store itself is fine)"
+                )),
+                Ok(_) => closed,
+            },
+            _ => closed,
+        }
+    }
+
     /// A new connection to the same server (torch's `clone()`): not a master, no worker count.
     pub fn connect_clone(&self) -> Result<TcpStore> {
         let timeout = self.timeout();
@@ -63,10 +87,16 @@ impl Store for TcpStore {
     }
 
     fn add(&self, key: &str, amount: i64) -> Result<i64> {
-        self.call_int(Request::Add {
+        let added = self.call_int(Request::Add {
             key: wire(key),
             delta: amount,
-        })
+        });
+        match added {
+            Err(err @ (Error::ConnectionClosed { .. } | Error::Network(_))) => {
+                Err(self.explain_refused_add(key, err))
+            }
+            other => other,
+        }
     }
 
     fn compare_set(&self, key: &str, expected: &[u8], desired: &[u8]) -> Result<Vec<u8>> {
@@ -130,7 +160,7 @@ impl Store for TcpStore {
 
     fn multi_set(&self, keys: &[String], values: &[Vec<u8>]) -> Result<()> {
         if keys.len() != values.len() {
-            return Err(Error::Store(format!(
+            return Err(Error::InvalidArgument(format!(
                 "multi_set: {} keys but {} values",
                 keys.len(),
                 values.len()

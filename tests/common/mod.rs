@@ -7,7 +7,7 @@ use std::net::TcpStream;
 use std::time::Duration;
 
 use bytes::BytesMut;
-use ferrodist::tcp::codec::{Request, VALIDATE_MAGIC};
+use ferrodist::tcp::codec::{Request, FERRODIST_PING, FERRODIST_PONG, VALIDATE_MAGIC};
 use ferrodist::tcp::{Server, ServerConfig};
 
 /// A server on 127.0.0.1 with a port the OS picked.
@@ -45,6 +45,19 @@ pub fn raw(server: &Server, validate: bool) -> TcpStream {
             }]))
             .unwrap();
     }
+    stream
+}
+
+/// A raw socket past the handshake that ferrodist's client does (its PING marks the connection
+/// as a ferrodist client, whose requests behind a pending WAIT are held until it is released).
+pub fn raw_ferrodist(server: &Server) -> TcpStream {
+    let mut stream = raw(server, true);
+    stream
+        .write_all(&frames(&[Request::Ping {
+            nonce: FERRODIST_PING,
+        }]))
+        .unwrap();
+    assert_eq!(read_n(&stream, 4), FERRODIST_PONG.to_le_bytes());
     stream
 }
 

@@ -17,7 +17,7 @@ import pytest
 import torch.distributed as tdist
 
 import ferrodist as dist
-from ferrodist import rendezvous as rdzv
+from ferrodist import _rendezvous as rdzv
 
 
 def _in_threads(urls_by_rank: dict[int, str], world: int, timeout_s: float, **kw: Any) -> dict:
@@ -26,7 +26,7 @@ def _in_threads(urls_by_rank: dict[int, str], world: int, timeout_s: float, **kw
 
     def one(rank: int, url: str) -> None:
         try:
-            results[rank] = rdzv.rendezvous(url, rank, world, timedelta(seconds=timeout_s), **kw)
+            results[rank] = rdzv.join(url, rank, world, timedelta(seconds=timeout_s), **kw)
         except Exception as e:
             results[rank] = e
 
@@ -81,7 +81,7 @@ def test_timeout_names_the_missing_ranks_and_progress_is_logged(
 def test_a_client_whose_host_never_starts_names_rank_0(free_port: int):
     url = f"tcp://127.0.0.1:{free_port}?rank=1&world_size=2"
     with pytest.raises(tdist.DistError, match=r"missing ranks: \[0\]"):
-        rdzv.rendezvous(url, timeout=timedelta(seconds=1))
+        rdzv.join(url, timeout=timedelta(seconds=1))
 
 
 @pytest.mark.timeout(30)
@@ -109,7 +109,7 @@ def test_progress_interval_comes_from_the_environment(monkeypatch: pytest.Monkey
 )
 def test_bad_urls_raise_value_error(url: str, message: str):
     with pytest.raises(ValueError, match=message):
-        rdzv.rendezvous(url, timeout=timedelta(seconds=1))
+        rdzv.join(url, timeout=timedelta(seconds=1))
 
 
 @pytest.mark.timeout(60)

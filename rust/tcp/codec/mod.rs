@@ -24,12 +24,16 @@ pub use request::{decode_request, scan_request, Request};
 /// The magic number of the VALIDATE handshake (`00 CE F7 85 3C` on the wire).
 pub const VALIDATE_MAGIC: u32 = 0x3C85_F7CE;
 
-/// A key ferrodist's server reports as present to CHECK and no torch server can hold (torch's
-/// clients prefix every key with `/` or use `init/`; this one starts with a NUL byte). A client
-/// that CHECKs it during its handshake learns at no extra round trip whether the server is
-/// ferrodist's, and so whether it may pipeline WAIT and GET. It is never stored, so it shows in
-/// neither GETNUMKEYS nor LIST_KEYS.
-pub const SERVER_MARKER_KEY: &[u8] = b"\0ferrodist-server";
+/// The PING nonce ferrodist's client sends in its handshake instead of its pid. torch's client
+/// sends `getpid()` (below 2^22 on Linux), so no stock client sends it. A ferrodist server that
+/// sees it answers [`FERRODIST_PONG`] instead of the echo and from then on treats the connection
+/// as a ferrodist client (it may pipeline a GET behind its WAIT); any other server echoes it,
+/// which tells the client that the server is not ferrodist's. Either way the handshake costs no
+/// request and no reply beyond torch's own VALIDATE and PING.
+pub const FERRODIST_PING: u32 = 0xF0D1_57C1;
+
+/// What ferrodist's server answers to [`FERRODIST_PING`] (every other nonce is echoed).
+pub const FERRODIST_PONG: u32 = 0xF0D1_57C2;
 
 /// Reply byte of WAIT and BARRIER: the wait is over.
 pub const STOP_WAITING: u8 = 0;

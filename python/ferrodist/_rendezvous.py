@@ -1,5 +1,11 @@
 """Rendezvous: turn an ``init_method`` URL into a store every rank shares, and wait for all ranks.
 
+Two entry points. ``join`` is what ``ferrodist.init_process_group`` runs: open the store and wait
+for every rank, with progress reports and a timeout that names the missing ranks. ``rendezvous``
+is torch's public ``torch.distributed.rendezvous`` contract (a generator that yields
+``(store, rank, world_size)`` once and refuses a re-rendezvous), built on ferrodist's stores; it
+lives in ``_rendezvous_api.py``.
+
 ``tcp://host:port`` and ``env://`` host the TCP store server inside rank 0 (the embedded default:
 no separate process to start); ``file:///path`` shares a file. Unlike torch, the wait for the other
 ranks is observable: every rank registers under ``_RDZV_PREFIX`` as it arrives; a waiting rank logs
@@ -27,7 +33,7 @@ import torch.distributed as _tdist
 
 from ferrodist.errors import StoreTimeoutError
 
-__all__ = ["rendezvous"]
+__all__ = ["join", "wait_for_ranks"]
 
 logger = logging.getLogger("ferrodist.rendezvous")
 
@@ -54,6 +60,13 @@ def _store_class(kind: str) -> Any:
     from ferrodist.tcp_store import TCPStore
 
     return {"tcp": TCPStore, "file": FileStore}[kind]
+
+
+def use_libuv_from(query: dict[str, list[str]]) -> bool:
+    """torch's rule: ``?use_libuv=`` in the URL, else env ``USE_LIBUV``, else on; ``"1"`` is on."""
+    if "use_libuv" in query:
+        return query["use_libuv"][0] == "1"
+    return os.environ.get("USE_LIBUV", "1") == "1"
 
 
 def _query_int(query: dict[str, list[str]], key: str, given: int, url: str) -> int:
@@ -125,7 +138,18 @@ def _open_store(
         return _registered_handler(url, parsed.scheme, rank, world_size, timeout)
     _check_rank(rank, world_size)
     try:
-        store = _store_class("tcp")(host, port, world_size, hosts, timeout, wait_for_workers=False)
+        # multi_tenant, as torch's rendezvous: torch RPC's tcp:// or env:// init on the same port
+        # in rank 0 shares this server (see _rendezvous_api.share_ports_with_torch).
+        store = _store_class("tcp")(
+            host,
+            port,
+            world_size,
+            hosts,
+            timeout,
+            wait_for_workers=False,
+            multi_tenant=True,
+            use_libuv=use_libuv_from(query),
+        )
     except _tdist.DistError as e:
         if hosts:
             raise
@@ -219,7 +243,7 @@ def wait_for_ranks(
         )
 
 
-def rendezvous(
+def join(
     url: str,
     rank: int = -1,
     world_size: int = -1,
