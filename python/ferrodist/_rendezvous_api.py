@@ -55,12 +55,15 @@ def _error(scheme: str, message: str) -> ValueError:
 
 
 def _with_node_arguments(url: str, rank: int, world_size: int) -> str:
-    """The URL with ``rank`` and ``world_size`` in its query, as torch's dispatcher puts them
-    (for ``env://``, ``RANK`` and ``WORLD_SIZE`` from the environment stand in for -1)."""
+    """The URL with ``rank`` and ``world_size`` in its query where given, as torch's dispatcher
+    puts them (for ``env://``, ``RANK`` and ``WORLD_SIZE`` from the environment stand in for
+    -1); a URL that already names either may not be given them again."""
     parsed = urlparse(url)
     if parsed.scheme == "env":
         rank = int(os.environ.get("RANK", rank))
         world_size = int(os.environ.get("WORLD_SIZE", world_size))
+    if rank == -1 and world_size == -1:
+        return url
     query = _query(url)
     if "rank" in query or "world_size" in query:
         raise AssertionError(
@@ -68,7 +71,8 @@ def _with_node_arguments(url: str, rank: int, world_size: int) -> str:
         )
     if rank != -1:
         query["rank"] = str(rank)
-    query["world_size"] = str(world_size)
+    if world_size != -1:
+        query["world_size"] = str(world_size)
     return urlunparse(parsed._replace(query="&".join(f"{k}={v}" for k, v in query.items())))
 
 
