@@ -14,7 +14,7 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll};
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 
 use super::waiters::Registry;
 use crate::error::Result;
@@ -159,10 +159,14 @@ impl Db {
         let mut state = self.lock();
         state.waits.wake(&key);
         let value = state.values.entry(key).or_default();
-        let mut joined = Vec::with_capacity(value.len() + data.len());
-        joined.extend_from_slice(value);
-        joined.extend_from_slice(data);
-        *value = Bytes::from(joined);
+        // In place when nothing else holds the value (no reply still being written): a run of
+        // appends then costs O(bytes) in all, not a copy of the whole value per append.
+        let mut grown = match std::mem::take(value).try_into_mut() {
+            Ok(unique) => unique,
+            Err(shared) => BytesMut::from(shared.as_ref()),
+        };
+        grown.extend_from_slice(data);
+        *value = grown.freeze();
     }
 
     /// MULTI_GET: one value per key, empty for a missing one.
@@ -265,6 +269,26 @@ mod tests {
 
     fn b(s: &str) -> Bytes {
         Bytes::copy_from_slice(s.as_bytes())
+    }
+
+    /// The fault hunt's append run: 4,096 appends of 4 KiB cost 25 s of server time when each
+    /// copied the whole value. In place they are linear; this run (20,000 x 4 KiB, 80 MiB)
+    /// would copy 800 GiB the old way.
+    #[test]
+    fn a_run_of_appends_grows_the_value_in_place() {
+        let db = Db::new();
+        let chunk = vec![7u8; 4096];
+        let started = std::time::Instant::now();
+        for _ in 0..20_000 {
+            db.append(b("log"), &chunk);
+        }
+        let took = started.elapsed();
+        assert_eq!(db.get(b"log").len(), 20_000 * 4096);
+        assert!(took < std::time::Duration::from_secs(5), "took {took:?}");
+        let held = db.get(b"log"); // a reply still holding the value: the next append copies
+        db.append(b("log"), b"!");
+        assert_eq!(held.len(), 20_000 * 4096);
+        assert_eq!(db.get(b"log").last(), Some(&b'!'));
     }
 
     #[tokio::test]
