@@ -30,8 +30,8 @@ use bytes::{Bytes, BytesMut};
 
 use super::client_socket::{ClientSocket, Filled};
 use super::codec::{
-    decode_reply, Limits, Reply, ReplyKind, Request, FERRODIST_PING, FERRODIST_PONG, NOT_READY,
-    READY, STOP_WAITING, VALIDATE_MAGIC, WAIT_CANCELED,
+    decode_reply, scan_request, Limits, Reply, ReplyKind, Request, FERRODIST_PING, FERRODIST_PONG,
+    NOT_READY, READY, STOP_WAITING, VALIDATE_MAGIC, WAIT_CANCELED,
 };
 use crate::error::{Error, Result};
 use crate::store::Deadline;
@@ -351,7 +351,7 @@ impl Client {
     pub fn call(&mut self, deadline: Deadline, request: &Request) -> Result<Option<Reply>> {
         self.begin(deadline)?;
         self.settle()?;
-        request.encode(&mut self.output);
+        self.encode_checked(request)?;
         self.flush()?;
         let reply = match request.reply_kind() {
             Some(kind) => Some(self.read_reply(kind)?),
@@ -359,6 +359,24 @@ impl Client {
         };
         self.busy = false;
         Ok(reply)
+    }
+
+    /// Queues `request` for sending, unless it breaks the servers' [`Limits`] (torch's libuv
+    /// server and ferrodist's close the connection on such a request, and one with no reply,
+    /// such as SET, would be lost silently and break the next call). Then nothing is sent, the
+    /// connection stays usable, and the error names the limit.
+    fn encode_checked(&mut self, request: &Request) -> Result<()> {
+        let start = self.output.len();
+        request.encode(&mut self.output);
+        if let Err(broken) = scan_request(&self.output[start..], &Limits::default()) {
+            self.output.truncate(start);
+            self.busy = false;
+            return Err(Error::InvalidArgument(format!(
+                "{:?} not sent: {broken} (a server closes the connection on it)",
+                request.opcode()
+            )));
+        }
+        Ok(())
     }
 
     /// Cancels a pending wait (torch's CANCEL_WAIT exchange), reading every reply it owed.
@@ -409,12 +427,19 @@ impl Client {
         };
         if self.pending.as_ref() != Some(&wanted) {
             self.settle()?;
-            Request::Wait {
+            let start = self.output.len();
+            let wait = Request::Wait {
                 keys: keys.to_vec(),
-            }
-            .encode(&mut self.output);
-            if let Some(f) = &wanted.follow {
-                f.encode(&mut self.output);
+            };
+            let queued = self
+                .encode_checked(&wait)
+                .and_then(|()| match &wanted.follow {
+                    Some(f) => self.encode_checked(f),
+                    None => Ok(()),
+                });
+            if let Err(refused) = queued {
+                self.output.truncate(start); // the WAIT too: neither goes out
+                return Err(refused);
             }
             self.flush()?;
             self.pending = Some(wanted);
@@ -458,11 +483,10 @@ impl Client {
         let wait_until = timeout.and_then(|t| Instant::now().checked_add(t));
         self.begin(deadline)?;
         self.settle()?;
-        Request::Barrier {
+        self.encode_checked(&Request::Barrier {
             key: key.clone(),
             world_size,
-        }
-        .encode(&mut self.output);
+        })?;
         self.flush()?;
         match self.read_byte_until(wait_until)? {
             Some(STOP_WAITING) => {}

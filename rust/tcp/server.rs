@@ -74,6 +74,14 @@ pub struct Server {
 /// The addresses to try binding for `host`, most preferred first.
 fn bind_addresses(host: &str, port: u16) -> Vec<SocketAddr> {
     let trimmed = host.trim_start_matches('[').trim_end_matches(']');
+    if trimmed
+        .trim_end_matches('.')
+        .eq_ignore_ascii_case("localhost")
+    {
+        // "localhost" means this machine only (it used to bind every interface, as a name
+        // does); clients that resolve it to ::1 first move on to 127.0.0.1.
+        return vec![SocketAddr::new(Ipv4Addr::LOCALHOST.into(), port)];
+    }
     match trimmed.parse::<IpAddr>() {
         Ok(ip) if !ip.is_unspecified() => vec![SocketAddr::new(ip, port)],
         Ok(IpAddr::V4(_)) => vec![SocketAddr::new(Ipv4Addr::UNSPECIFIED.into(), port)],
@@ -290,6 +298,16 @@ pub async fn accept_loop(listener: TcpListener, db: Db, limits: Limits, mut shut
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn localhost_binds_only_loopback_and_names_bind_everything() {
+        let loopback = vec![SocketAddr::new(Ipv4Addr::LOCALHOST.into(), 7)];
+        assert_eq!(bind_addresses("localhost", 7), loopback);
+        assert_eq!(bind_addresses("LocalHost.", 7), loopback);
+        assert_eq!(bind_addresses("10.1.2.3", 7).len(), 1);
+        let everything = bind_addresses("store-host", 7);
+        assert!(everything.iter().all(|a| a.ip().is_unspecified()));
+    }
 
     #[test]
     fn accepted_connections_have_nodelay() {

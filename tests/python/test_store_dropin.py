@@ -173,3 +173,47 @@ def test_torch_rpc_shares_the_default_groups_tcp_port() -> None:
             rpc.shutdown()
     finally:
         ferrodist.destroy_process_group()
+
+
+def test_a_request_over_a_limit_is_refused_before_sending_and_costs_nothing_after() -> None:
+    master = ferrodist.TCPStore("127.0.0.1", 0, None, True, timedelta(seconds=10))
+    with pytest.raises(ValueError, match=r"key of 819[34] bytes is over the limit of 8192"):
+        master.set("k" * 8193, "v")
+    with pytest.raises(ferrodist.InvalidArgumentError, match="over the limit of 8388608"):
+        master.set("big", b"x" * (8 * 1024 * 1024 + 1))
+    with pytest.raises(ValueError, match="over the limit"):
+        master.get("k" * 8193)
+    master.set("next", "call")
+    assert master.get("next") == b"call", "the refused requests cost the next call nothing"
+
+
+@pytest.mark.timeout(60)
+def test_a_large_set_to_a_slow_reader_ends_within_the_timeout() -> None:
+    listener = socket.socket()
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    stop = threading.Event()
+
+    def trickle() -> None:  # the handshake, then 64 KiB a second
+        conn, _ = listener.accept()
+        with conn:
+            _read(conn, 5)
+            _read(conn, 1)
+            conn.sendall(_read(conn, 4))
+            while not stop.wait(1.0):
+                if not conn.recv(64 * 1024):
+                    return
+
+    reader = threading.Thread(target=trickle, daemon=True)
+    reader.start()
+    store = ferrodist.TCPStore(
+        "127.0.0.1", int(listener.getsockname()[1]), timeout=timedelta(seconds=2)
+    )
+    started = time.monotonic()
+    with pytest.raises(tdist.DistNetworkError):
+        store.set("big", b"x" * (8 * 1024 * 1024))
+    assert time.monotonic() - started < 4.0, "the deadline restarted on each partial write"
+    stop.set()
+    reader.join(5)
+    listener.close()
