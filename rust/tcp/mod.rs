@@ -18,6 +18,8 @@
 //!   wait with CANCEL_WAIT, each call under a deadline); raw wire keys, no `/` prefix.
 //! * [`store`]: [`TcpStore`], the blocking torch-compatible [`crate::store::Store`] over a
 //!   client (user keys get torch's `/` prefix), hosting a server when it is the master.
+//! * [`conn_pool`]: a store's connections, one per concurrent call (a wait in one thread
+//!   blocks no other thread's call), forgotten after `fork`.
 //! * [`shutdown`]: the stop signal and drain used by the server.
 //! * [`cli`]: `ServerArgs` and `run_until_signal`, shared by the binary and the console script.
 //!
@@ -28,13 +30,15 @@
 //! * `handler.rs`: one connection; `outbox.rs`: its replies not yet written.
 //! * `server.rs`: bind and accept; `shutdown.rs`: stop signal and drain.
 //! * `client.rs`: the client's protocol sequences; `client_socket.rs`: its socket, read by the
-//!   calling thread with a deadline; `store.rs` + `store_impl.rs`: the Store facade.
+//!   calling thread with a deadline; `store.rs` + `store_impl.rs`: the Store facade;
+//!   `conn_pool.rs`: its connections.
 //! * `cli.rs`: the `ferrodist-store` command line (binary and console script).
 
 pub mod cli;
 pub mod client;
 pub mod client_socket;
 pub mod codec;
+pub mod conn_pool;
 pub mod handler;
 pub mod outbox;
 pub mod server;

@@ -25,6 +25,7 @@ use bytes::Bytes;
 
 use super::client::Client;
 use super::codec::{Limits, Reply, Request};
+use super::conn_pool::ConnPool;
 use super::server::{Server, ServerConfig};
 use crate::error::{Error, Result};
 use crate::store::{Deadline, Store};
@@ -98,7 +99,7 @@ pub struct TcpStore {
     port: u16,
     use_libuv: bool,
     timeout: Mutex<Duration>,
-    conn: Mutex<Option<Client>>,
+    conns: ConnPool,
     server: Option<Arc<Server>>,
 }
 
@@ -155,7 +156,7 @@ impl TcpStore {
             port,
             use_libuv: options.use_libuv,
             timeout: Mutex::new(options.timeout),
-            conn: Mutex::new(Some(client)),
+            conns: ConnPool::new(&options.host, port, Some(client)),
             server,
         };
         if let (Some(world_size), true) = (options.world_size, options.wait_for_workers) {
@@ -228,20 +229,18 @@ impl TcpStore {
         })
     }
 
-    /// Runs `op` on the connection with `deadline` (`None`: the store timeout, zero: none),
-    /// reconnecting once first if the connection broke earlier.
+    /// Runs `op` with `deadline` (`None`: the store timeout, zero: none) on an idle connection,
+    /// or a new one when every connection is busy in another thread or the last one broke.
     fn run<T>(
         &self,
         deadline: Option<Duration>,
         op: impl FnOnce(&mut Client, Deadline) -> Result<T>,
     ) -> Result<T> {
         let deadline = Deadline::after(deadline.unwrap_or_else(|| self.timeout()));
-        let mut slot = self.conn.lock().unwrap_or_else(|p| p.into_inner());
-        if slot.as_ref().is_none_or(Client::is_broken) {
-            *slot = None;
-            *slot = Some(Client::connect_once(&self.host, self.port, deadline)?);
-        }
-        op(slot.as_mut().expect("connected"), deadline)
+        let mut client = self.conns.checkout(deadline)?;
+        let outcome = op(&mut client, deadline);
+        self.conns.checkin(client);
+        outcome
     }
 
     fn raw_add(&self, key: &str, amount: i64) -> Result<i64> {

@@ -67,7 +67,7 @@ impl TcpStore {
             port: self.port,
             use_libuv: self.use_libuv,
             timeout: std::sync::Mutex::new(timeout),
-            conn: std::sync::Mutex::new(Some(client)),
+            conns: crate::tcp::conn_pool::ConnPool::new(&self.host, self.port, Some(client)),
             server: self.server.clone(),
         })
     }

@@ -217,3 +217,47 @@ def test_a_large_set_to_a_slow_reader_ends_within_the_timeout() -> None:
     stop.set()
     reader.join(5)
     listener.close()
+
+
+def test_a_wait_in_one_thread_blocks_no_other_threads_call() -> None:
+    store = ferrodist.TCPStore("127.0.0.1", 0, None, True, timedelta(seconds=10))
+    outcome: list[BaseException] = []
+
+    def wait_for_nothing() -> None:
+        try:
+            store.wait(["never"], timedelta(seconds=2))
+        except tdist.DistStoreError as timed_out:
+            outcome.append(timed_out)
+
+    waiting = threading.Thread(target=wait_for_nothing)
+    waiting.start()
+    time.sleep(0.2)  # the wait is on the wire now
+    started = time.monotonic()
+    store.set("k", "v")
+    assert store.get("k") == b"v"
+    assert time.monotonic() - started < 0.5, "the set queued behind the other thread's wait"
+    waiting.join(10)
+    assert len(outcome) == 1, "the wait still timed out on its own"
+
+
+@pytest.mark.timeout(60)
+def test_a_store_keeps_working_in_the_parent_and_a_forked_child() -> None:
+    import multiprocessing
+
+    store = ferrodist.TCPStore("127.0.0.1", 0, None, True, timedelta(seconds=10))
+    store.set("from-parent", "1")
+    context = multiprocessing.get_context("fork")
+    results = context.Queue()
+
+    def child() -> None:  # the child reuses the inherited store object itself
+        results.put(store.get("from-parent"))
+        store.set("from-child", "2")
+
+    process = context.Process(target=child)
+    process.start()
+    process.join(30)
+    assert process.exitcode == 0
+    assert results.get(timeout=5) == b"1"
+    assert store.get("from-child") == b"2"
+    store.set("parent-again", "3")
+    assert store.get("parent-again") == b"3", "the child did not disturb the parent's stream"
