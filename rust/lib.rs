@@ -8,8 +8,11 @@
 //!
 //! * [`error`]: the one [`Error`] enum and the [`Result`] alias.
 //! * [`runtime`]: the one tokio runtime of the process, built lazily and rebuilt after `fork`.
-//! * [`store`]: the [`store::Store`] trait (torch's Store API with deadlines) and the in-process
-//!   stores: [`store::HashStore`], `FileStore` (torch's on-disk format), `PrefixStore`.
+//! * [`store`]: the [`store::Store`] trait (torch's Store API with deadlines); [`store::db`],
+//!   the one key-value + queue + waiter engine that HashStore and the TCP server both run on
+//!   (torch's differences between them are a [`store::db::Policy`]); [`store::waiters`], its
+//!   wait registry; the in-process stores: [`store::HashStore`], `FileStore` (torch's on-disk
+//!   format), `PrefixStore`.
 //! * [`tcp`]: torch's TCPStore wire protocol (codec), the tokio server behind `ferrodist-store`
 //!   and the in-process master, and the client.
 //! * [`bucket`]: DDP gradient bucket assignment (torch's `_compute_bucket_assignment_by_size`)

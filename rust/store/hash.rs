@@ -1,57 +1,32 @@
-//! In-process store: a map, a set of queues and one mutex; each blocked caller sleeps on its own
-//! condition variable.
+//! In-process store: torch's `HashStore` on the one key-value engine ([`Db`]), with threads
+//! blocking on its waiters.
 //!
-//! Why not one condition variable for the store: every write then woke every blocked caller to
-//! re-check its keys. A world-64 `all_gather` has 64 callers each waiting for 64 keys, so each
-//! of the 64 writes woke all 64 (4096 wake-ups, most of the collective's time). Here a caller
-//! registers under the keys it is still missing with a count of them; a write to a key counts
-//! down its watchers and wakes only those whose count reaches zero. A woken caller re-checks its
-//! condition (a key may have been deleted again) and registers anew if it still has to wait.
+//! Nothing here decides semantics: the map, the queues, the wake-ups and torch's quirks (as a
+//! [`Policy`]) are the engine's, shared with the TCP server, so the two cannot drift apart.
+//! What this adds is torch's blocking API: a call that must wait registers a [`Waiter`] under
+//! the keys it still misses and parks its thread until a write releases it or its deadline
+//! passes. Only the writes that complete a caller's keys wake it (a world-64 `all_gather` with
+//! one condition variable for the store woke all 64 callers on each of 64 writes). A woken
+//! caller looks again, since a key may have been deleted meanwhile.
 //!
-//! Semantics follow torch's `HashStore`, with one deliberate fix: `add` wakes waiters too
-//! (torch's does not, so a waiter on a key created by `add` sleeps until its timeout).
-//! `clone_store` returns a handle to the same map, as torch's `clone()` returns the same store.
+//! `add` wakes waiters (torch's HashStore does not, so a waiter on a key created by `add`
+//! sleeps until its timeout). `clone_store` returns a handle to the same map, as torch's
+//! `clone()` returns the same store.
 
-use std::collections::{HashMap, HashSet, VecDeque};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use super::{parse_counter, Deadline, Store, DEFAULT_TIMEOUT};
+use bytes::Bytes;
+
+use super::db::{Db, Policy, Waiter};
+use super::{Deadline, Store, DEFAULT_TIMEOUT};
 use crate::error::{Error, Result};
-
-#[derive(Default)]
-struct State {
-    values: HashMap<String, Vec<u8>>,
-    queues: HashMap<String, VecDeque<Vec<u8>>>,
-    /// Blocked callers by the keys they are still missing. Empty unless someone waits, so a
-    /// write with nobody waiting pays one emptiness check.
-    watchers: HashMap<String, Vec<Arc<Watcher>>>,
-}
-
-/// One blocked caller: how many of its keys are still unwritten, and where it sleeps.
-struct Watcher {
-    /// Decremented under the store's lock by each write to one of its keys.
-    missing: AtomicUsize,
-    wake: Condvar,
-}
-
-impl State {
-    /// A key counts as present if it has a value or names a non-empty queue (torch's rule).
-    fn present(&self, key: &str) -> bool {
-        self.values.contains_key(key) || self.queues.get(key).is_some_and(|q| !q.is_empty())
-    }
-}
-
-struct Shared {
-    state: Mutex<State>,
-    timeout: Mutex<Duration>,
-}
 
 /// A thread-safe in-memory store; cheap to clone (clones share the map).
 #[derive(Clone)]
 pub struct HashStore {
-    shared: Arc<Shared>,
+    db: Db,
+    timeout: Arc<Mutex<Duration>>,
 }
 
 impl Default for HashStore {
@@ -60,199 +35,116 @@ impl Default for HashStore {
     }
 }
 
+fn key_bytes(key: &str) -> Bytes {
+    Bytes::copy_from_slice(key.as_bytes())
+}
+
+fn keys_bytes(keys: &[String]) -> Vec<Bytes> {
+    keys.iter().map(|k| key_bytes(k)).collect()
+}
+
+fn text(key: &[u8]) -> String {
+    String::from_utf8_lossy(key).into_owned()
+}
+
 impl HashStore {
     /// An empty store with torch's default 300 s timeout.
     pub fn new() -> Self {
         HashStore {
-            shared: Arc::new(Shared {
-                state: Mutex::new(State::default()),
-                timeout: Mutex::new(DEFAULT_TIMEOUT),
-            }),
+            db: Db::with_policy(Policy::HASH_STORE),
+            timeout: Arc::new(Mutex::new(DEFAULT_TIMEOUT)),
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, State> {
-        // A panic while holding the lock cannot leave the maps half-updated (every update is a
-        // single insert/remove), so a poisoned lock is safe to keep using.
-        self.shared.state.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Blocks until `ready(state)` holds or the deadline passes; returns the guard on success.
-    /// `watch` names the keys whose writes can make `ready` true.
-    fn wait_until<'a>(
-        &'a self,
-        mut guard: MutexGuard<'a, State>,
-        deadline: Deadline,
-        watch: &[&str],
-        ready: impl Fn(&State) -> bool,
-    ) -> std::result::Result<MutexGuard<'a, State>, MutexGuard<'a, State>> {
-        while !ready(&guard) {
-            let left = deadline.remaining();
-            if left.is_some_and(|l| l.is_zero()) {
-                return Err(guard);
-            }
-            let mut seen = HashSet::new();
-            let distinct: Vec<&str> = watch.iter().copied().filter(|k| seen.insert(*k)).collect();
-            let mut missing: Vec<&str> = distinct
-                .iter()
-                .copied()
-                .filter(|k| !guard.present(k))
-                .collect();
-            if missing.is_empty() {
-                // `ready` asks for more than presence (a value, not a queue): any write counts.
-                missing = distinct;
-            }
-            let watcher = Arc::new(Watcher {
-                missing: AtomicUsize::new(missing.len().max(1)),
-                wake: Condvar::new(),
-            });
-            for key in &missing {
-                let list = guard.watchers.entry((*key).to_owned()).or_default();
-                list.push(Arc::clone(&watcher));
-            }
-            guard = match left {
-                None => watcher.wake.wait(guard).unwrap_or_else(|p| p.into_inner()),
-                Some(left) => {
-                    watcher
-                        .wake
-                        .wait_timeout(guard, left)
-                        .unwrap_or_else(|p| p.into_inner())
-                        .0
-                }
-            };
-            for key in &missing {
-                if let Some(list) = guard.watchers.get_mut(*key) {
-                    list.retain(|w| !Arc::ptr_eq(w, &watcher));
-                    if list.is_empty() {
-                        guard.watchers.remove(*key);
-                    }
-                }
-            }
-        }
-        Ok(guard)
-    }
-
-    /// Counts down the watchers of the written `keys`, wakes those with nothing left to wait
-    /// for, and releases the lock.
-    fn publish<'k>(
+    /// Parks until `waiter` is released; a timeout names the keys of `keys` still missing.
+    fn block(
         &self,
-        mut state: MutexGuard<'_, State>,
-        keys: impl IntoIterator<Item = &'k str>,
-    ) {
-        if !state.watchers.is_empty() {
-            for key in keys {
-                for watcher in state.watchers.remove(key).unwrap_or_default() {
-                    if watcher.missing.fetch_sub(1, Ordering::Relaxed) == 1 {
-                        watcher.wake.notify_one();
-                    }
-                }
-            }
+        mut waiter: Waiter,
+        deadline: Deadline,
+        op: &str,
+        keys: &[Bytes],
+    ) -> Result<()> {
+        if waiter.block_until(deadline) {
+            return Ok(());
         }
-        drop(state);
+        let missing: Vec<String> = self.db.missing(keys).iter().map(|k| text(k)).collect();
+        Err(Error::wait_timeout(op, deadline.timeout(), &missing))
     }
 
-    fn wait_for_keys(&self, keys: &[String], timeout: Duration, op: &str) -> Result<()> {
-        let guard = self.lock();
+    /// Every key's value, waiting for the missing ones until `timeout`.
+    fn values(&self, keys: &[Bytes], timeout: Duration, op: &str) -> Result<Vec<Vec<u8>>> {
         let deadline = Deadline::after(timeout);
-        let watch: Vec<&str> = keys.iter().map(String::as_str).collect();
-        match self.wait_until(guard, deadline, &watch, |s| {
-            keys.iter().all(|k| s.present(k))
-        }) {
-            Ok(_) => Ok(()),
-            Err(state) => {
-                let missing: Vec<String> =
-                    keys.iter().filter(|k| !state.present(k)).cloned().collect();
-                Err(Error::wait_timeout(op, timeout, &missing))
+        loop {
+            match self.db.values_or_wait(keys) {
+                Ok(values) => return Ok(values.iter().map(|v| v.to_vec()).collect()),
+                Err(waiter) => self.block(waiter, deadline, op, keys)?,
             }
         }
+    }
+
+    /// Waits until every key is present (a value or a non-empty queue), until `timeout`.
+    fn present(&self, keys: &[Bytes], timeout: Duration, op: &str) -> Result<()> {
+        let deadline = Deadline::after(timeout);
+        while let Some(waiter) = self.db.wait(keys.to_vec()) {
+            self.block(waiter, deadline, op, keys)?;
+        }
+        Ok(())
     }
 }
 
 impl Store for HashStore {
     fn set(&self, key: &str, value: &[u8]) -> Result<()> {
-        let mut state = self.lock();
-        state.values.insert(key.to_owned(), value.to_vec());
-        self.publish(state, [key]);
+        self.db.set(key_bytes(key), Bytes::copy_from_slice(value));
         Ok(())
     }
 
     fn get_timeout(&self, key: &str, timeout: Duration) -> Result<Vec<u8>> {
-        let guard = self.lock();
-        if let Some(value) = guard.values.get(key) {
-            return Ok(value.clone());
+        if let Some(value) = self.db.value(key.as_bytes()) {
+            return Ok(value.to_vec()); // the common case, without allocating a key
         }
-        match self.wait_until(guard, Deadline::after(timeout), &[key], |s| {
-            s.values.contains_key(key)
-        }) {
-            Ok(state) => Ok(state.values[key].clone()),
-            Err(_) => Err(Error::wait_timeout("get", timeout, &[key.to_owned()])),
-        }
+        let mut values = self.values(&[key_bytes(key)], timeout, "get")?;
+        Ok(values.pop().expect("one key, one value"))
     }
 
     fn add(&self, key: &str, amount: i64) -> Result<i64> {
-        let mut state = self.lock();
-        let current = match state.values.get(key) {
-            None => 0,
-            Some(v) if v.is_empty() => 0,
-            Some(v) => parse_counter(key, v)?,
-        };
-        let next = current.wrapping_add(amount);
-        state
-            .values
-            .insert(key.to_owned(), next.to_string().into_bytes());
-        self.publish(state, [key]);
-        Ok(next)
+        self.db.add(key_bytes(key), amount)
     }
 
     fn compare_set(&self, key: &str, expected: &[u8], desired: &[u8]) -> Result<Vec<u8>> {
-        let mut state = self.lock();
-        let result = match state.values.get(key) {
-            None if expected.is_empty() => {
-                state.values.insert(key.to_owned(), desired.to_vec());
-                desired.to_vec()
-            }
-            None => expected.to_vec(),
-            Some(current) if current == expected => {
-                state.values.insert(key.to_owned(), desired.to_vec());
-                desired.to_vec()
-            }
-            Some(current) => current.clone(),
-        };
-        self.publish(state, [key]);
-        Ok(result)
+        let now = self.db.compare_set(
+            key_bytes(key),
+            Bytes::copy_from_slice(expected),
+            Bytes::copy_from_slice(desired),
+        );
+        Ok(now.to_vec())
     }
 
     fn check(&self, keys: &[String]) -> Result<bool> {
-        let state = self.lock();
-        Ok(keys.iter().all(|k| state.present(k)))
+        Ok(self.db.check(&keys_bytes(keys)))
     }
 
     fn wait(&self, keys: &[String], timeout: Option<Duration>) -> Result<()> {
-        self.wait_for_keys(keys, timeout.unwrap_or_else(|| self.timeout()), "wait")
+        self.present(
+            &keys_bytes(keys),
+            timeout.unwrap_or_else(|| self.timeout()),
+            "wait",
+        )
     }
 
     fn delete_key(&self, key: &str) -> Result<bool> {
-        Ok(self.lock().values.remove(key).is_some())
+        Ok(self.db.delete_key(key.as_bytes()) == 1)
     }
 
     fn num_keys(&self) -> Result<i64> {
-        Ok(self.lock().values.len() as i64)
+        Ok(self.db.num_keys())
     }
 
     fn timeout(&self) -> Duration {
-        *self
-            .shared
-            .timeout
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+        *self.timeout.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn set_timeout(&self, timeout: Duration) {
-        *self
-            .shared
-            .timeout
-            .lock()
-            .unwrap_or_else(|p| p.into_inner()) = timeout;
+        *self.timeout.lock().unwrap_or_else(|p| p.into_inner()) = timeout;
     }
 
     fn clone_store(&self) -> Result<Arc<dyn Store>> {
@@ -264,33 +156,12 @@ impl Store for HashStore {
     }
 
     fn append(&self, key: &str, value: &[u8]) -> Result<()> {
-        let mut state = self.lock();
-        state
-            .values
-            .entry(key.to_owned())
-            .or_default()
-            .extend_from_slice(value);
-        self.publish(state, [key]);
+        self.db.append(key_bytes(key), value);
         Ok(())
     }
 
     fn multi_get(&self, keys: &[String]) -> Result<Vec<Vec<u8>>> {
-        let guard = self.lock();
-        let timeout = self.timeout();
-        let watch: Vec<&str> = keys.iter().map(String::as_str).collect();
-        match self.wait_until(guard, Deadline::after(timeout), &watch, |s| {
-            keys.iter().all(|k| s.values.contains_key(k))
-        }) {
-            Ok(state) => Ok(keys.iter().map(|k| state.values[k].clone()).collect()),
-            Err(state) => {
-                let missing: Vec<String> = keys
-                    .iter()
-                    .filter(|k| !state.values.contains_key(*k))
-                    .cloned()
-                    .collect();
-                Err(Error::wait_timeout("multi_get", timeout, &missing))
-            }
-        }
+        self.values(&keys_bytes(keys), self.timeout(), "multi_get")
     }
 
     fn multi_set(&self, keys: &[String], values: &[Vec<u8>]) -> Result<()> {
@@ -301,42 +172,43 @@ impl Store for HashStore {
                 values.len()
             )));
         }
-        let mut state = self.lock();
-        for (k, v) in keys.iter().zip(values) {
-            state.values.insert(k.clone(), v.clone());
-        }
-        self.publish(state, keys.iter().map(String::as_str));
+        let pairs = keys
+            .iter()
+            .zip(values)
+            .map(|(k, v)| (key_bytes(k), Bytes::copy_from_slice(v)))
+            .collect();
+        self.db.multi_set(pairs);
         Ok(())
     }
 
     fn queue_push(&self, key: &str, value: &[u8]) -> Result<()> {
-        let mut state = self.lock();
-        state
-            .queues
-            .entry(key.to_owned())
-            .or_default()
-            .push_back(value.to_vec());
-        self.publish(state, [key]);
+        self.db
+            .queue_push(key_bytes(key), Bytes::copy_from_slice(value));
         Ok(())
     }
 
     fn queue_pop(&self, key: &str, block: bool) -> Result<Vec<u8>> {
-        if block {
-            self.wait_for_keys(&[key.to_owned()], self.timeout(), "queue_pop")?;
+        if !block {
+            let (_, front) = self.db.queue_pop(key.as_bytes());
+            return front.map(|v| v.to_vec()).ok_or(Error::QueueEmpty);
         }
-        self.lock()
-            .queues
-            .get_mut(key)
-            .and_then(VecDeque::pop_front)
-            .ok_or(Error::QueueEmpty)
+        let keys = [key_bytes(key)];
+        let deadline = Deadline::after(self.timeout());
+        loop {
+            match self.db.queue_pop_or_wait(&keys[0]) {
+                Ok(front) => return Ok(front.to_vec()),
+                // Another caller may take the element that released this wait: wait again.
+                Err(waiter) => self.block(waiter, deadline, "queue_pop", &keys)?,
+            }
+        }
     }
 
     fn queue_len(&self, key: &str) -> Result<i64> {
-        Ok(self.lock().queues.get(key).map_or(0, |q| q.len() as i64))
+        Ok(self.db.queue_len(key.as_bytes()))
     }
 
     fn list_keys(&self) -> Result<Vec<String>> {
-        Ok(self.lock().values.keys().cloned().collect())
+        Ok(self.db.list_keys().iter().map(|k| text(k)).collect())
     }
 }
 
@@ -426,8 +298,9 @@ mod tests {
         for waiter in waiters {
             assert_eq!(waiter.join().unwrap(), expected);
         }
-        assert!(
-            store.lock().watchers.is_empty(),
+        assert_eq!(
+            store.db.pending_waits(),
+            0,
             "released waiters leave no registration"
         );
     }
@@ -435,15 +308,17 @@ mod tests {
     #[test]
     fn a_waiter_whose_key_is_deleted_again_keeps_waiting_until_it_reappears() {
         let store = HashStore::new();
+        let key = [Bytes::from_static(b"k")];
+        let mut waiter = store.db.values_or_wait(&key).expect_err("k is missing");
+        store.set("k", b"1").unwrap();
+        store.delete_key("k").unwrap();
+        assert!(waiter.block_until(Deadline::after(Duration::from_secs(10))));
+        assert!(
+            store.db.values_or_wait(&key).is_err(),
+            "woken, but the key is gone: the caller waits again"
+        );
         let writer = store.clone();
         let handle = thread::spawn(move || {
-            thread::sleep(Duration::from_millis(20));
-            let mut state = writer.lock();
-            // a write to "k" that is gone again before the waiter can look (set, then delete,
-            // under one lock): the waiter is counted down and woken but must wait on
-            state.values.insert("k".into(), b"1".to_vec());
-            state.values.remove("k");
-            writer.publish(state, ["k"]);
             thread::sleep(Duration::from_millis(50));
             writer.set("k", b"2").unwrap();
         });
@@ -452,5 +327,12 @@ mod tests {
             b"2"
         );
         handle.join().unwrap();
+    }
+
+    #[test]
+    fn add_on_an_empty_value_counts_from_zero_as_torchs_hash_store() {
+        let store = HashStore::new();
+        store.set("k", b"").unwrap();
+        assert_eq!(store.add("k", 1).unwrap(), 1);
     }
 }

@@ -11,7 +11,9 @@
 //!   fallback (append as a compare_set loop, multi_get one key at a time, barrier from add +
 //!   wait) or torch's `NotImplemented` error (queues, list_keys).
 
+pub mod db;
 pub mod hash;
+pub mod waiters;
 // --- file and prefix stores ---
 pub mod file;
 mod file_lock;

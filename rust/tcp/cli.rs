@@ -112,7 +112,7 @@ pub fn run_until_signal(args: &ServerArgs) -> Result<()> {
     })
 }
 
-async fn log_when_joined(db: super::state::Db, world_size: u64, timeout: Duration) {
+async fn log_when_joined(db: crate::store::db::Db, world_size: u64, timeout: Duration) {
     let key = Bytes::from_static(WORKER_COUNTER_KEY.as_bytes());
     let all = async {
         loop {

@@ -73,7 +73,7 @@ impl ConnPool {
         Client::connect_once(&self.host, self.port, deadline)
     }
 
-    /// Gives a connection back after a call; a broken one, or one beyond [`MAX_IDLE`], is closed.
+    /// Gives a connection back after a call; a broken one, or one beyond `MAX_IDLE`, is closed.
     pub fn checkin(&self, client: Client) {
         let mut idle = self.idle();
         if !client.is_broken() && idle.pid == std::process::id() && idle.clients.len() < MAX_IDLE {

@@ -34,7 +34,7 @@ use super::codec::{
 };
 use super::outbox::Outbox;
 use super::shutdown::Shutdown;
-use super::state::{Db, Waiter};
+use crate::store::db::{Db, Waiter};
 
 /// Most requests a client may queue behind one pending WAIT.
 const MAX_HELD_REQUESTS: usize = 1024;

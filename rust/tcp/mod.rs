@@ -12,8 +12,7 @@
 //! * [`server`]: [`ServerConfig`], [`Server::start`] / [`Server::serve`] (on the shared runtime),
 //!   [`server::bind`] / [`server::adopt`], [`Server::local_addr`], [`Server::shutdown`],
 //!   [`server::accept_loop`] for a caller that runs its own loop.
-//! * [`state`]: [`Db`], the server's shared map and queues, and [`state::Waiter`].
-//! * [`waiters`]: the registry of pending waits, each operation O(waits it releases).
+//! * [`Db`] (from [`crate::store::db`]): the engine the server serves, shared with HashStore.
 //! * [`client`]: the blocking [`Client`] (connect with retry and backoff, handshake, every op,
 //!   wait with CANCEL_WAIT, each call under a deadline); raw wire keys, no `/` prefix.
 //! * [`store`]: [`TcpStore`], the blocking torch-compatible [`crate::store::Store`] over a
@@ -26,7 +25,6 @@
 //! # Files
 //!
 //! * `codec/`: wire format (`request.rs`, `reply.rs`, shared primitives in `mod.rs`).
-//! * `state.rs`: the server's shared map and queues; `waiters.rs`: who waits on which key.
 //! * `handler.rs`: one connection; `outbox.rs`: its replies not yet written.
 //! * `server.rs`: bind and accept; `shutdown.rs`: stop signal and drain.
 //! * `client.rs`: the client's protocol sequences; `client_socket.rs`: its socket, read by the
@@ -43,15 +41,13 @@ pub mod handler;
 pub mod outbox;
 pub mod server;
 pub mod shutdown;
-pub mod state;
 pub mod store;
-pub mod waiters;
 
+pub use crate::store::db::Db;
 pub use client::Client;
 pub use codec::{
     decode_reply, decode_request, scan_request, FrameError, Limits, Opcode, Reply, ReplyKind,
     Request, Scan,
 };
 pub use server::{Server, ServerConfig};
-pub use state::Db;
 pub use store::{TcpStore, TcpStoreOptions};

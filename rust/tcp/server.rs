@@ -24,8 +24,8 @@ use tokio::net::TcpListener;
 use super::codec::Limits;
 use super::handler::Handler;
 use super::shutdown::{self, Drain, Shutdown, Trigger};
-use super::state::Db;
 use crate::error::{Error, Result};
+use crate::store::db::Db;
 
 /// Listen backlog asked for; the kernel lowers it to `net.core.somaxconn`.
 pub const DEFAULT_BACKLOG: i32 = 65_535;

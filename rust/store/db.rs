@@ -1,27 +1,56 @@
-//! The server's shared state: the key-value map, the queues and the registry of waiters.
+//! THE key-value engine: the map, the queues and the registry of waiters, shared by the TCP
+//! server (every connection of `ferrodist-store` or of a master) and by [`super::HashStore`].
+//! One engine means one set of semantics; where torch's HashStore and torch's TCP servers
+//! disagree, the difference is a [`Policy`] flag, not a second implementation.
 //!
 //! One `std::sync::Mutex` guards it all. Every operation under the lock is a few map lookups
 //! and never awaits, so a blocking mutex is cheaper than an async one and cannot be held across
 //! an `.await` by mistake (mini-redis makes the same argument for its `Db`).
 //!
-//! A wait that cannot be answered at once becomes a [`Waiter`]: a handle the connection handler
-//! polls, registered in the [`Registry`] under each missing key. Waking a key releases every
-//! waiter whose last missing key it was. A waiter that is cancelled (CANCEL_WAIT) or dropped (the
-//! connection closed) can never wake or be woken again, so unlike torch's libuv server a stale
+//! A wait that cannot be answered at once becomes a [`Waiter`], registered in the [`Registry`]
+//! under each missing key. An async task polls it ([`Waiter::poll_released`], the server's
+//! connections); a thread blocks on it ([`Waiter::block_until`], HashStore): both are woken by
+//! the same registry through a `Waker`. Waking a key releases every waiter whose last missing
+//! key it was. A waiter that is cancelled (CANCEL_WAIT) or dropped (the connection closed, the
+//! call returned) can never wake or be woken again, so unlike torch's libuv server a stale
 //! registration cannot release an unrelated later wait.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, Wake, Waker};
+use std::thread::Thread;
 
 use bytes::{Bytes, BytesMut};
 
+use super::parse_counter;
 use super::waiters::Registry;
+use super::Deadline;
 use crate::error::Result;
-use crate::store::parse_counter;
+
+/// Where torch's two families of stores behave differently, what this engine does.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Policy {
+    /// `add` on a key whose value is empty counts from 0, as torch's HashStore does (its TCP
+    /// servers refuse it and close the connection).
+    pub empty_value_counts_as_zero: bool,
+}
+
+impl Policy {
+    /// torch's HashStore.
+    pub const HASH_STORE: Policy = Policy {
+        empty_value_counts_as_zero: true,
+    };
+    /// torch's TCP servers (libuv and legacy).
+    pub const TCP_SERVER: Policy = Policy {
+        empty_value_counts_as_zero: false,
+    };
+}
 
 #[derive(Default)]
 struct State {
+    /// Kept behind the lock rather than in [`Db`], so a `Db` stays one pointer (every server
+    /// connection's task holds one).
+    policy: Policy,
     values: HashMap<Bytes, Bytes>,
     queues: HashMap<Bytes, VecDeque<Bytes>>,
     waits: Registry,
@@ -55,10 +84,41 @@ impl Waiter {
         self.db.lock().waits.poll_released(self.id, cx)
     }
 
+    /// Blocks the calling thread until released (true) or `deadline` passes (false).
+    pub fn block_until(&mut self, deadline: Deadline) -> bool {
+        let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
+        let mut cx = Context::from_waker(&waker);
+        loop {
+            // Registering the waker and checking happen under the store's lock, and an unpark
+            // that comes before the park makes it return at once: no wake-up is lost.
+            if self.poll_released(&mut cx).is_ready() {
+                return true;
+            }
+            match deadline.remaining() {
+                None => std::thread::park(),
+                Some(left) if left.is_zero() => return false,
+                Some(left) => std::thread::park_timeout(left),
+            }
+        }
+    }
+
     /// True once released (without registering to be woken).
     #[cfg(test)]
     fn is_released(&self) -> bool {
         self.db.lock().waits.is_released(self.id)
+    }
+}
+
+/// Wakes a thread parked in [`Waiter::block_until`].
+struct Unpark(Thread);
+
+impl Wake for Unpark {
+    fn wake(self: Arc<Self>) {
+        self.0.unpark();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.0.unpark();
     }
 }
 
@@ -68,16 +128,32 @@ impl Drop for Waiter {
     }
 }
 
-/// The shared state of one server; cheap to clone (clones share it).
-#[derive(Clone, Default)]
+/// The shared state of one store; cheap to clone (clones share it).
+#[derive(Clone)]
 pub struct Db {
     state: Arc<Mutex<State>>,
 }
 
+impl Default for Db {
+    fn default() -> Db {
+        Db::new()
+    }
+}
+
 impl Db {
-    /// An empty store.
+    /// An empty store with torch's TCP servers' policy.
     pub fn new() -> Db {
-        Db::default()
+        Db::with_policy(Policy::TCP_SERVER)
+    }
+
+    /// An empty store with `policy`.
+    pub fn with_policy(policy: Policy) -> Db {
+        Db {
+            state: Arc::new(Mutex::new(State {
+                policy,
+                ..State::default()
+            })),
+        }
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -108,6 +184,11 @@ impl Db {
         state.values.get(&key).cloned().unwrap_or(expected)
     }
 
+    /// The value of `key`, if it has one.
+    pub fn value(&self, key: &[u8]) -> Option<Bytes> {
+        self.lock().values.get(key).cloned()
+    }
+
     /// GET: the value, empty when missing (torch's libuv behaviour).
     pub fn get(&self, key: &[u8]) -> Bytes {
         self.lock().values.get(key).cloned().unwrap_or_default()
@@ -119,6 +200,7 @@ impl Db {
         let mut state = self.lock();
         let current = match state.values.get(&key) {
             None => 0,
+            Some(v) if v.is_empty() && state.policy.empty_value_counts_as_zero => 0,
             Some(v) => parse_counter(&String::from_utf8_lossy(&key), v)?,
         };
         let next = current.wrapping_add(delta);
@@ -142,6 +224,31 @@ impl Db {
             keys.retain(|k| seen.insert(k.clone()));
         }
         (!keys.is_empty()).then(|| state.register(keys, self))
+    }
+
+    /// A wait for every key in `keys` to hold a value (a non-empty queue does not count, unlike
+    /// [`Db::wait`]): the values when they all do now, else a registered [`Waiter`] released
+    /// by the next write to each key still missing (callers check again once released: a key
+    /// may have been deleted, or only pushed to as a queue, meanwhile).
+    pub fn values_or_wait(&self, keys: &[Bytes]) -> std::result::Result<Vec<Bytes>, Waiter> {
+        let mut state = self.lock();
+        let mut missing: Vec<Bytes> = Vec::new();
+        let mut seen = HashSet::new();
+        for key in keys {
+            if !state.values.contains_key(key) && seen.insert(key.clone()) {
+                missing.push(key.clone());
+            }
+        }
+        if missing.is_empty() {
+            return Ok(keys.iter().map(|k| state.values[k].clone()).collect());
+        }
+        Err(state.register(missing, self))
+    }
+
+    /// The keys of `keys` that are not present (no value and no non-empty queue).
+    pub fn missing(&self, keys: &[Bytes]) -> Vec<Bytes> {
+        let state = self.lock();
+        keys.iter().filter(|k| !state.present(k)).cloned().collect()
     }
 
     /// GETNUMKEYS: size of the key-value map (queues excluded, internal keys included).
@@ -211,6 +318,21 @@ impl Db {
             }
             _ => (0, None),
         }
+    }
+
+    /// The front of queue `key`, or a [`Waiter`] released by the next push to it (whatever
+    /// else the key holds): a blocking pop for threads.
+    pub fn queue_pop_or_wait(&self, key: &Bytes) -> std::result::Result<Bytes, Waiter> {
+        let mut state = self.lock();
+        if let Some(queue) = state.queues.get_mut(key) {
+            if let Some(front) = queue.pop_front() {
+                if queue.is_empty() {
+                    state.queues.remove(key);
+                }
+                return Ok(front);
+            }
+        }
+        Err(state.register(vec![key.clone()], self))
     }
 
     /// QUEUE_LEN: 0 for a queue that does not exist.

@@ -137,6 +137,9 @@ impl Registry {
 
     /// `key` is now present: every wait on it stops missing it.
     pub fn wake(&mut self, key: &[u8]) {
+        if self.by_key.is_empty() {
+            return; // nobody waits: a write pays no hashing for the registry
+        }
         let Some(waits) = self.by_key.remove(key) else {
             return;
         };
@@ -148,6 +151,9 @@ impl Registry {
     /// One element arrived under `key` (a queue push): waits on it stop missing it in arrival
     /// order, until one of them is fully released.
     pub fn wake_one(&mut self, key: &[u8]) {
+        if self.by_key.is_empty() {
+            return;
+        }
         let Some(waits) = self.by_key.get_mut(key) else {
             return;
         };
