@@ -32,6 +32,7 @@ use super::codec::{
     decode_request, scan_request, FrameError, Limits, Reply, Request, Scan, FERRODIST_PING,
     FERRODIST_PONG, STOP_WAITING, VALIDATE_MAGIC, WAIT_CANCELED,
 };
+use super::log_budget::LogBudget;
 use super::outbox::Outbox;
 use super::shutdown::Shutdown;
 use crate::store::db::{Db, Waiter};
@@ -46,6 +47,9 @@ const READ_CHUNK: usize = 16 * 1024;
 const MIN_READ: usize = 256;
 /// Replies are written once this much is queued, even if more requests are buffered.
 const FLUSH_AT_BYTES: usize = 64 * 1024;
+
+/// Protocol breaches are logged at most this often (a client may commit them at any rate).
+static CLOSING_LOG: LogBudget = LogBudget::new(10);
 
 /// Why a connection ended.
 #[derive(Debug, thiserror::Error)]
@@ -131,7 +135,11 @@ impl Handler {
         match outcome {
             Ok(()) => tracing::debug!(%peer, "connection closed"),
             Err(Closed::Io(err)) => tracing::debug!(%peer, %err, "connection lost"),
-            Err(err) => tracing::warn!(%peer, %err, "closing connection"),
+            Err(err) => {
+                if let Some(suppressed) = CLOSING_LOG.admit() {
+                    tracing::warn!(%peer, %err, suppressed, "closing connection");
+                }
+            }
         }
     }
 

@@ -20,6 +20,7 @@
 //! * [`conn_pool`]: a store's connections, one per concurrent call (a wait in one thread
 //!   blocks no other thread's call), forgotten after `fork`.
 //! * [`shutdown`]: the stop signal and drain used by the server.
+//! * [`log_budget`]: at most so many warnings a second from one call site.
 //! * [`cli`]: `ServerArgs` and `run_until_signal`, shared by the binary and the console script.
 //!
 //! # Files
@@ -38,6 +39,7 @@ pub mod client_socket;
 pub mod codec;
 pub mod conn_pool;
 pub mod handler;
+pub mod log_budget;
 pub mod outbox;
 pub mod server;
 pub mod shutdown;

@@ -268,6 +268,9 @@ impl Drop for Server {
 /// saves a `setsockopt` per connection in a rendezvous storm; elsewhere each socket sets it.
 const NODELAY_INHERITED: bool = cfg!(target_os = "linux");
 
+/// `accept` failures (out of descriptors, say) are logged at most once a second.
+static ACCEPT_LOG: super::log_budget::LogBudget = super::log_budget::LogBudget::new(1);
+
 /// Accepts connections until shutdown; each gets its own task.
 pub async fn accept_loop(listener: TcpListener, db: Db, limits: Limits, mut shutdown: Shutdown) {
     loop {
@@ -288,7 +291,9 @@ pub async fn accept_loop(listener: TcpListener, db: Db, limits: Limits, mut shut
             Err(err) => {
                 // Out of descriptors or a connection reset before accept: back off briefly
                 // rather than spin, and keep serving the connections we have.
-                tracing::warn!(%err, "accept failed");
+                if let Some(suppressed) = ACCEPT_LOG.admit() {
+                    tracing::warn!(%err, suppressed, "accept failed");
+                }
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
         }

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import pytest
 import torch.distributed as dist
+from tcp_support import StoreServer
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -372,3 +373,23 @@ def test_clients_that_never_read_their_replies_hold_bounded_memory(server: Serve
             sock.close()
     good.check()
     assert grown < RSS_SLACK, f"server grew {grown / MIB:.1f} MiB for clients that never read"
+
+
+@pytest.mark.timeout(60)
+def test_the_log_holds_no_stored_value_and_a_flood_of_breaches_is_rate_limited() -> None:
+    server = StoreServer()
+    secret = "hunter2-" * 1000
+    client = dist.TCPStore("127.0.0.1", server.port, timeout=timedelta(seconds=10))
+    client.set("k", secret)
+    with pytest.raises(dist.DistError):
+        client.add("k", 1)  # the server refuses a non-integer and closes the connection
+    for _ in range(200):  # protocol breaches, as fast as a client can commit them
+        with socket.create_connection(("127.0.0.1", server.port), timeout=5) as rogue:
+            rogue.sendall(b"\xff" * 8)
+            rogue.recv(1)
+    server.proc.kill()
+    _, log = server.proc.communicate(timeout=10)
+    assert "hunter2" not in log, "a stored value reached the log"
+    closing = [line for line in log.splitlines() if "closing connection" in line]
+    assert 1 <= len(closing) <= 30, f"{len(closing)} lines for 201 breaches"
+    assert "suppressed" in log
