@@ -22,6 +22,8 @@
 //! * `python` (feature `python`): PyO3 wrappers only: convert arguments, release the GIL, call
 //!   the core, convert the result.
 //! * [`partition`]: ZeRO's sorted-greedy parameter partition across ranks.
+//! * [`rendezvous`]: a rank's rendezvous join over any store, with one request per progress
+//!   report (Python only parses URLs and logs).
 
 pub mod error;
 pub mod runtime;
@@ -31,6 +33,7 @@ pub mod tcp;
 // --- collectives ---
 pub mod bucket;
 pub mod collectives;
+pub mod rendezvous;
 
 // --- zero ---
 pub mod partition;

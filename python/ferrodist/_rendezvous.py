@@ -14,9 +14,10 @@ which ranks have joined and which are still missing every ``progress_interval`` 
 shows with no logging set-up: a rank still waiting after that long is worth a look); a timeout
 raises ``StoreTimeoutError`` naming the ranks that never came, not torch's bare count of workers.
 
-The join is event-driven, not polled: each rank adds itself to a counter, the rank that completes
-the count sets a ``done`` key, and everyone else blocks on that key in slices of the progress
-interval, so a prompt rendezvous costs three store round trips.
+The join runs in the Rust core (``rust/rendezvous.rs``) and is event-driven, not polled: each rank
+appends itself to a ``joined`` list and adds itself to a counter, the rank that completes the
+count sets a ``done`` key, and everyone else blocks on that key in slices of the progress
+interval. A prompt rendezvous costs three store round trips; each progress report one more.
 """
 
 from __future__ import annotations
@@ -24,14 +25,14 @@ from __future__ import annotations
 import importlib
 import logging
 import os
-import time
 from datetime import timedelta
 from typing import Any, Optional
 from urllib.parse import parse_qs, urlparse
 
 import torch.distributed as _tdist
 
-from ferrodist.errors import StoreTimeoutError
+from ferrodist import _native
+from ferrodist.collectives import _native_handle
 
 __all__ = ["join", "wait_for_ranks"]
 
@@ -187,11 +188,6 @@ def _progress_interval(given: Optional[float]) -> float:
         raise ValueError(f"{PROGRESS_ENV} must be a number of seconds, got {raw!r}") from None
 
 
-def _joined(store: _tdist.Store, world_size: int) -> list[int]:
-    prefix = _key_prefix()
-    return [r for r in range(world_size) if store.check([f"{prefix}rank/{r}"])]
-
-
 def wait_for_ranks(
     store: _tdist.Store,
     rank: int,
@@ -201,46 +197,23 @@ def wait_for_ranks(
 ) -> None:
     """Register ``rank`` and block until all ``world_size`` ranks have, reporting progress.
 
+    The join runs in the Rust core (``rust/rendezvous.rs``): three requests per rank, and one
+    ``get`` per progress report whatever the world size.
+
     Raises:
         StoreTimeoutError: ``timeout`` passed first; the message lists the missing ranks.
     """
     interval = _progress_interval(progress_interval)
-    prefix = _key_prefix()
-    store.set(f"{prefix}rank/{rank}", str(os.getpid()))
-    done_key = f"{prefix}done"
-    if store.add(f"{prefix}count", 1) >= world_size:
-        store.set(done_key, "1")
+    handle = _native_handle(store)
+    join = _native.RendezvousJoin(handle, _key_prefix(), rank, world_size, timeout)
+    if join.complete:
         return
-    start = time.monotonic()
-    deadline = start + timeout.total_seconds()
     while True:
-        slice_s = max(min(interval, deadline - time.monotonic()), 0.001)
-        try:
-            store.wait([done_key], timedelta(seconds=slice_s))
+        report = join.wait(interval)
+        if report is None:
             return
-        except _tdist.DistNetworkError:
-            raise
-        except (RuntimeError, TimeoutError):
-            pass  # this slice ended with ranks still missing
-        joined = _joined(store, world_size)
-        missing = sorted(set(range(world_size)) - set(joined))
-        elapsed = time.monotonic() - start
-        if not missing:  # the last rank arrived between our wait and our look
-            return
-        if time.monotonic() >= deadline:
-            raise StoreTimeoutError(
-                f"rendezvous timed out after {elapsed:.1f}s (timeout {timeout}): "
-                f"{len(joined)}/{world_size} ranks joined; missing ranks: {missing}"
-            )
-        logger.warning(
-            "rank %d waiting in rendezvous for %.1fs: %d/%d ranks joined %s; missing ranks: %s",
-            rank,
-            elapsed,
-            len(joined),
-            world_size,
-            joined,
-            missing,
-        )
+        waited, who = report
+        logger.warning("rank %d waiting in rendezvous for %.1fs: %s", rank, waited, who)
 
 
 def join(

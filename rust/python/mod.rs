@@ -6,6 +6,7 @@
 mod blocking;
 mod errors;
 mod foreign_store;
+mod rendezvous;
 mod store;
 // --- file and prefix stores ---
 mod store_factories;
@@ -30,6 +31,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     store_factories::register(m)?;
     // --- tcp store ---
     tcp_store::register(m)?;
+    rendezvous::register(m)?;
     // --- zero ---
     m.add_function(wrap_pyfunction!(partition::sorted_greedy_partition, m)?)?;
     m.add_function(wrap_pyfunction!(partition::assign_ddp_buckets, m)?)?;

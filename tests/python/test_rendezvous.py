@@ -190,3 +190,29 @@ def test_each_torchelastic_restart_waits_afresh(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
     with pytest.raises(dist.StoreTimeoutError, match=r"missing ranks: \[1\]"):
         rdzv.wait_for_ranks(store, 0, 2, timedelta(seconds=0.5), progress_interval=0.2)
+
+
+class _CountingStore(tdist.Store):
+    """torch's HashStore behind a Python store that counts the calls it gets."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = tdist.HashStore()
+        self.calls: list[str] = []
+
+    def __getattribute__(self, name: str) -> Any:
+        if name in ("set", "get", "add", "check", "wait", "append", "multi_get"):
+            object.__getattribute__(self, "calls").append(name)
+            return getattr(object.__getattribute__(self, "inner"), name)
+        return object.__getattribute__(self, name)
+
+
+@pytest.mark.timeout(60)
+def test_a_progress_report_costs_one_request_whatever_the_world_size():
+    store = _CountingStore()
+    with pytest.raises(dist.StoreTimeoutError, match=r"1/512 ranks joined"):
+        rdzv.wait_for_ranks(store, 0, 512, timedelta(seconds=1), progress_interval=0.2)
+    reports = store.calls.count("get")  # one per report (waits come in 100 ms slices)
+    assert 3 <= reports <= 8, store.calls
+    assert "check" not in store.calls, "no per-rank checks"
+    assert [c for c in store.calls if c not in ("wait", "get")] == ["append", "add"]
