@@ -375,6 +375,28 @@ def test_clients_that_never_read_their_replies_hold_bounded_memory(server: Serve
     assert grown < RSS_SLACK, f"server grew {grown / MIB:.1f} MiB for clients that never read"
 
 
+def test_amplifying_multi_gets_that_are_never_read_hold_bounded_memory(server: Server) -> None:
+    # The fault hunt's request: 1.3 MB naming one 4,095-byte value 128K times, a 513 MiB reply.
+    # Built whole, 8 such connections grew the server by 4.1 GiB; streamed, each holds the
+    # values' references and one window.
+    setter = server.handshake()
+    setter.sendall(set_req(b"/v", b"x" * 4095))
+    request = keys_req(12, [b"/v"] * (128 * 1024))
+    rss0 = server.rss()
+    hogs = []
+    for _ in range(8):
+        hog = server.handshake()
+        hog.sendall(request)
+        hogs.append(hog)
+    with GoodClients(server.port) as good:
+        time.sleep(2.0)
+        grown = server.rss() - rss0
+    for hog in hogs:
+        hog.close()
+    assert grown < 160 * MIB, f"server grew {grown / MIB:.0f} MiB for 8 unread multi_gets"
+    good.check()
+
+
 @pytest.mark.timeout(60)
 def test_the_log_holds_no_stored_value_and_a_flood_of_breaches_is_rate_limited() -> None:
     server = StoreServer()
