@@ -259,3 +259,29 @@ fn shutdown_closes_every_connection() {
     ferrodist::runtime::runtime().block_on(server.shutdown(Duration::from_secs(5)));
     assert!(is_closed(&stream));
 }
+
+#[test]
+fn a_connection_that_never_validates_is_closed_after_its_deadline_and_others_stay() {
+    let server = start_server_with(ServerConfig {
+        host: "127.0.0.1".into(),
+        validate_within: Duration::from_millis(300),
+        ..ServerConfig::default()
+    });
+    let silent = raw(&server, false);
+    let mut good = raw(&server, true);
+    let started = Instant::now();
+    assert!(is_closed(&silent), "the silent connection is still open");
+    let waited = started.elapsed();
+    assert!(
+        waited >= Duration::from_millis(250) && waited < Duration::from_secs(5),
+        "{waited:?}"
+    );
+    std::thread::sleep(Duration::from_millis(400));
+    good.write_all(&frames(&[Request::Ping { nonce: 5 }]))
+        .unwrap();
+    assert_eq!(
+        read_n(&good, 4),
+        5u32.to_le_bytes(),
+        "a validated connection stays"
+    );
+}

@@ -23,6 +23,7 @@ use std::collections::VecDeque;
 use std::future::{poll_fn, Future};
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
+use std::time::Duration;
 
 use bytes::BytesMut;
 use tokio::io::{AsyncRead, ReadBuf};
@@ -32,6 +33,7 @@ use super::codec::{
     decode_request, scan_request, FrameError, Limits, Reply, Request, Scan, FERRODIST_PING,
     FERRODIST_PONG, STOP_WAITING, VALIDATE_MAGIC, WAIT_CANCELED,
 };
+use super::handshake_deadline::{self, Slot};
 use super::log_budget::LogBudget;
 use super::outbox::Outbox;
 use super::shutdown::Shutdown;
@@ -47,6 +49,11 @@ const READ_CHUNK: usize = 16 * 1024;
 const MIN_READ: usize = 256;
 /// Replies are written once this much is queued, even if more requests are buffered.
 const FLUSH_AT_BYTES: usize = 64 * 1024;
+
+/// `Handler::handshake` once VALIDATE has come.
+const VALIDATED: Slot = Slot::MAX;
+/// `Handler::handshake` before VALIDATE when the connection has no deadline.
+const UNWATCHED: Slot = Slot::MAX - 1;
 
 /// Protocol breaches are logged at most this often (a client may commit them at any rate).
 static CLOSING_LOG: LogBudget = LogBudget::new(10);
@@ -86,7 +93,8 @@ pub struct Handler {
     limits: Limits,
     input: BytesMut,
     output: Outbox,
-    validated: bool,
+    /// Before VALIDATE: the handshake-deadline slot (or [`UNWATCHED`]); after: [`VALIDATED`].
+    handshake: Slot,
     /// The peer is ferrodist's client: hold every request behind a pending wait.
     holds_behind_wait: bool,
     waiting: Option<Waiter>,
@@ -103,12 +111,21 @@ impl Handler {
             limits,
             input: BytesMut::new(),
             output: Outbox::default(),
-            validated: false,
+            handshake: UNWATCHED,
             holds_behind_wait: false,
             waiting: None,
             held: VecDeque::new(),
             held_bytes: 0,
         }
+    }
+
+    /// Closes the connection if VALIDATE has not come `within` (see [`handshake_deadline`]).
+    /// Call on the runtime.
+    pub fn with_handshake_deadline(mut self, within: Duration) -> Handler {
+        if let Some(slot) = handshake_deadline::watch(&self.stream, within) {
+            self.handshake = slot;
+        }
+        self
     }
 
     /// Serves the connection until the peer leaves, breaks the protocol, or shutdown.
@@ -218,11 +235,16 @@ impl Handler {
             let Some(request) = decode_request(&mut self.input, &self.limits)? else {
                 return Ok(());
             };
-            if !self.validated {
+            if self.handshake != VALIDATED {
                 match request {
                     Request::Validate {
                         magic: VALIDATE_MAGIC,
-                    } => self.validated = true,
+                    } => {
+                        if self.handshake != UNWATCHED {
+                            handshake_deadline::release(self.handshake);
+                        }
+                        self.handshake = VALIDATED;
+                    }
                     other => {
                         return Err(Closed::Refused(format!(
                             "first request must be VALIDATE with the right magic, got {:?}",
@@ -335,6 +357,14 @@ impl Handler {
         };
         self.output.reply(reply);
         Ok(())
+    }
+}
+
+impl Drop for Handler {
+    fn drop(&mut self) {
+        if self.handshake != VALIDATED && self.handshake != UNWATCHED {
+            handshake_deadline::release(self.handshake);
+        }
     }
 }
 

@@ -21,6 +21,7 @@
 //!   blocks no other thread's call), forgotten after `fork`.
 //! * [`shutdown`]: the stop signal and drain used by the server.
 //! * [`log_budget`]: at most so many warnings a second from one call site.
+//! * [`handshake_deadline`]: closes connections that never send VALIDATE.
 //! * [`cli`]: `ServerArgs` and `run_until_signal`, shared by the binary and the console script.
 //!
 //! # Files
@@ -39,6 +40,7 @@ pub mod client_socket;
 pub mod codec;
 pub mod conn_pool;
 pub mod handler;
+pub mod handshake_deadline;
 pub mod log_budget;
 pub mod outbox;
 pub mod server;

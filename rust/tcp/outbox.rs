@@ -33,7 +33,7 @@ pub const STREAM_AT_BYTES: usize = 64 * 1024;
 /// Replies not yet written.
 ///
 /// Two words when only small replies are queued (every connection of a rendezvous storm keeps
-/// one); shared values and streamed replies live in [`Large`], allocated when first needed.
+/// one); shared values and streamed replies live in `Large`, allocated when first needed.
 #[derive(Default)]
 pub struct Outbox {
     small: BytesMut,

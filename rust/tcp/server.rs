@@ -44,7 +44,13 @@ pub struct ServerConfig {
     pub limits: Limits,
     /// Ranks expected, used only to warn when the kernel's backlog cap is below it.
     pub expected_clients: Option<u64>,
+    /// A connection that has not sent VALIDATE this long after it was accepted is closed.
+    pub validate_within: Duration,
 }
+
+/// Default of [`ServerConfig::validate_within`]: torch's clients validate at once, so a
+/// connection silent this long is not one of them (a generous bound for loaded machines).
+pub const DEFAULT_VALIDATE_WITHIN: Duration = Duration::from_secs(30);
 
 impl Default for ServerConfig {
     fn default() -> Self {
@@ -54,6 +60,7 @@ impl Default for ServerConfig {
             backlog: DEFAULT_BACKLOG,
             limits: Limits::default(),
             expected_clients: None,
+            validate_within: DEFAULT_VALIDATE_WITHIN,
         }
     }
 }
@@ -180,7 +187,8 @@ impl Server {
             let _entered = runtime.enter();
             TcpListener::from_std(listener)?
         };
-        runtime.spawn(accept_loop(listener, db.clone(), config.limits, shutdown));
+        let limits = (config.limits, config.validate_within);
+        runtime.spawn(accept_loop(listener, db.clone(), limits, shutdown));
         tracing::info!(%local_addr, "store server listening");
         Ok(Server {
             local_addr,
@@ -272,7 +280,12 @@ const NODELAY_INHERITED: bool = cfg!(target_os = "linux");
 static ACCEPT_LOG: super::log_budget::LogBudget = super::log_budget::LogBudget::new(1);
 
 /// Accepts connections until shutdown; each gets its own task.
-pub async fn accept_loop(listener: TcpListener, db: Db, limits: Limits, mut shutdown: Shutdown) {
+pub async fn accept_loop(
+    listener: TcpListener,
+    db: Db,
+    (limits, validate_within): (Limits, Duration),
+    mut shutdown: Shutdown,
+) {
     loop {
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,
@@ -285,7 +298,8 @@ pub async fn accept_loop(listener: TcpListener, db: Db, limits: Limits, mut shut
                         tracing::debug!(%peer, %err, "TCP_NODELAY failed");
                     }
                 }
-                let handler = Handler::new(stream, db.clone(), limits);
+                let handler = Handler::new(stream, db.clone(), limits)
+                    .with_handshake_deadline(validate_within);
                 tokio::spawn(handler.run(shutdown.clone()));
             }
             Err(err) => {
