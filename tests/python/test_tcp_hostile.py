@@ -415,3 +415,50 @@ def test_the_log_holds_no_stored_value_and_a_flood_of_breaches_is_rate_limited()
     closing = [line for line in log.splitlines() if "closing connection" in line]
     assert 1 <= len(closing) <= 30, f"{len(closing)} lines for 201 breaches"
     assert "suppressed" in log
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@pytest.mark.timeout(90)
+def test_out_of_descriptors_the_server_neither_spins_nor_floods_its_log(tmp_path: Path) -> None:
+    import resource
+
+    binary = shutil.which("ferrodist-store") or str(REPO / "target/release/ferrodist-store")
+
+    def few_descriptors() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (48, 48))
+
+    log_path = tmp_path / "server.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            [binary, "--host", "127.0.0.1", "--port", "0", "--log-level", "info"],
+            stdout=subprocess.PIPE,
+            stderr=log,
+            preexec_fn=few_descriptors,
+        )
+    try:
+        assert proc.stdout is not None
+        port = int(proc.stdout.readline().decode().rsplit(":", 1)[1])
+        held = []
+        for _ in range(80):  # far past the server's 48 descriptors
+            sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+            sock.sendall(VALIDATE)
+            held.append(sock)
+        cpu0 = _cpu_seconds(proc.pid)
+        time.sleep(3.0)
+        spent = _cpu_seconds(proc.pid) - cpu0
+        for sock in held:
+            sock.close()
+        store = dist.TCPStore("127.0.0.1", port, timeout=timedelta(seconds=20))
+        store.set("after", "ok")  # served again once descriptors are free
+        assert store.get("after") == b"ok"
+        assert proc.poll() is None
+        assert spent < 1.0, f"the server spent {spent:.2f} s of CPU in 3 s out of descriptors"
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    failed = [line for line in log_path.read_text().splitlines() if "accept failed" in line]
+    assert 1 <= len(failed) <= 8, f"{len(failed)} 'accept failed' lines in ~4 s"
