@@ -190,6 +190,32 @@ fn an_unopenable_path_is_a_store_error_naming_it() {
 }
 
 #[test]
+fn a_store_file_replaced_by_a_directory_is_a_store_error_not_a_wait_timeout() {
+    let (_dir, path) = temp_path();
+    let store = FileStore::new(&path, -1).unwrap();
+    std::fs::remove_file(&path).unwrap();
+    std::fs::create_dir(&path).unwrap();
+    for err in [
+        store
+            .wait(&["k".into()], Some(Duration::from_secs(5)))
+            .unwrap_err(),
+        store.get_timeout("k", Duration::from_secs(5)).unwrap_err(),
+    ] {
+        assert!(matches!(err, Error::Store(_)), "{err}");
+        assert!(err.to_string().contains(&*path.to_string_lossy()), "{err}");
+    }
+    // A timeout still reads as one once the file is back.
+    std::fs::remove_dir(&path).unwrap();
+    store.set("other", b"1").unwrap();
+    let started = Instant::now();
+    let err = store
+        .wait(&["k".into()], Some(Duration::from_millis(50)))
+        .unwrap_err();
+    assert!(err.is_timeout(), "{err}");
+    assert!(started.elapsed() >= Duration::from_millis(50));
+}
+
+#[test]
 fn concurrent_adds_from_many_instances_are_never_lost() {
     let (_dir, path) = temp_path();
     let workers: Vec<_> = (0..4)

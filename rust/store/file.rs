@@ -201,32 +201,30 @@ impl FileStore {
     /// Reads the replica, waiting (store timeout) for the file to exist, as torch's readers do.
     fn when_present<T>(&self, op: &str, read: impl Fn(&Replica) -> T) -> Result<T> {
         let timeout = self.timeout();
-        self.poll(
-            timeout,
-            |replica| Some(read(replica)),
-            || Error::Timeout {
+        self.poll(timeout, |replica| Some(read(replica)))?
+            .ok_or_else(|| Error::Timeout {
                 op: op.to_owned(),
                 after: timeout,
                 detail: format!("file {} does not exist", self.path.display()),
-            },
-        )
+            })
     }
 
-    /// Polls `ready` until it yields a value or `timeout` (zero: never) passes.
+    /// Polls `ready` until it yields a value or `timeout` (zero: never) passes. `Ok(None)` means
+    /// the deadline passed; every `Err` is a real failure (the file could not be opened, read or
+    /// locked), never a disguised timeout, so callers cannot mistake one for the other.
     fn poll<T>(
         &self,
         timeout: Duration,
         mut ready: impl FnMut(&Replica) -> Option<T>,
-        on_timeout: impl FnOnce() -> Error,
-    ) -> Result<T> {
+    ) -> Result<Option<T>> {
         let deadline = Deadline::after(timeout);
         let mut pause = Duration::from_micros(500);
         loop {
             if let Some(found) = self.read(&mut ready)?.flatten() {
-                return Ok(found);
+                return Ok(Some(found));
             }
             match deadline.remaining() {
-                Some(left) if left.is_zero() => return Err(on_timeout()),
+                Some(left) if left.is_zero() => return Ok(None),
                 left => std::thread::sleep(left.map_or(pause, |l| l.min(pause))),
             }
             pause = (pause * 2).min(POLL_MAX);
@@ -246,11 +244,8 @@ impl Store for FileStore {
 
     fn get_timeout(&self, key: &str, timeout: Duration) -> Result<Vec<u8>> {
         let raw = user_key(key);
-        self.poll(
-            timeout,
-            |replica| replica.map.get(&raw).cloned(),
-            || Error::wait_timeout("get", timeout, &[key.to_owned()]),
-        )
+        self.poll(timeout, |replica| replica.map.get(&raw).cloned())?
+            .ok_or_else(|| Error::wait_timeout("get", timeout, &[key.to_owned()]))
     }
 
     fn add(&self, key: &str, amount: i64) -> Result<i64> {
@@ -281,23 +276,16 @@ impl Store for FileStore {
         let timeout = timeout.unwrap_or_else(|| self.timeout());
         let raw: Vec<String> = keys.iter().map(|k| user_key(k)).collect();
         let mut missing: Vec<String> = keys.to_vec();
-        let found = self.poll(
-            timeout,
-            |replica| {
-                missing = keys
-                    .iter()
-                    .zip(&raw)
-                    .filter(|(_, r)| !replica.map.contains_key(*r))
-                    .map(|(k, _)| k.clone())
-                    .collect();
-                missing.is_empty().then_some(())
-            },
-            || Error::Store(String::new()),
-        );
-        found.map_err(|err| match err {
-            Error::Store(_) => Error::wait_timeout("wait", timeout, &missing),
-            other => other,
-        })
+        let found = self.poll(timeout, |replica| {
+            missing = keys
+                .iter()
+                .zip(&raw)
+                .filter(|(_, r)| !replica.map.contains_key(*r))
+                .map(|(k, _)| k.clone())
+                .collect();
+            missing.is_empty().then_some(())
+        })?;
+        found.ok_or_else(|| Error::wait_timeout("wait", timeout, &missing))
     }
 
     fn delete_key(&self, key: &str) -> Result<bool> {
