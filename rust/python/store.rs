@@ -293,12 +293,13 @@ impl PyNativeStore {
     /// Pops the front of queue ``key``; with ``block``, waits up to the store timeout.
     #[pyo3(signature = (key, block=true))]
     fn queue_pop(&self, py: Python<'_>, key: Key, block: bool) -> PyResult<Vec<u8>> {
-        if block {
-            let timeout = self.inner.timeout();
-            let keys = [String::from(&*key)];
-            self.waiting(py, timeout, |slice| self.inner.wait(&keys, Some(slice)))?;
+        if !block {
+            return detached(py, || self.inner.queue_pop(&key, false));
         }
-        detached(py, || self.inner.queue_pop(&key, false))
+        let timeout = self.inner.timeout();
+        self.waiting(py, timeout, |slice| {
+            self.inner.queue_pop_timeout(&key, slice)
+        })
     }
 
     /// Length of queue ``key`` (0 if it does not exist).

@@ -170,6 +170,37 @@ pub trait Store: Send + Sync {
         ))
     }
 
+    /// Pops the front of queue `key`, waiting up to `timeout` (zero: forever) for an element.
+    /// A timeout pops nothing, so a caller may repeat the call (see [`sliced`]).
+    ///
+    /// Default: wait for the queue, then pop without blocking; when another consumer took the
+    /// element in between, wait again within the same deadline (torch's TCPStore raises
+    /// `QueueEmptyError` there instead).
+    fn queue_pop_timeout(&self, key: &str, timeout: Duration) -> Result<Vec<u8>> {
+        let deadline = Deadline::after(timeout);
+        let keys = [key.to_owned()];
+        loop {
+            let left = match deadline.remaining() {
+                Some(left) if left.is_zero() => {
+                    return Err(Error::wait_timeout("queue_pop", timeout, &keys))
+                }
+                left => left.unwrap_or(Duration::ZERO),
+            };
+            self.wait(&keys, Some(left)).map_err(|err| match err {
+                Error::Timeout { op, detail, .. } => Error::Timeout {
+                    op,
+                    after: timeout,
+                    detail,
+                },
+                other => other,
+            })?;
+            match self.queue_pop(key, false) {
+                Err(Error::QueueEmpty) => continue,
+                popped => return popped,
+            }
+        }
+    }
+
     /// Length of queue `key`, 0 when it does not exist.
     fn queue_len(&self, _key: &str) -> Result<i64> {
         Err(Error::NotImplemented(
