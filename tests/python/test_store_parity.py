@@ -102,7 +102,7 @@ def test_a_blocking_pop_that_loses_the_race_keeps_waiting(impl: ModuleType, kind
     def consume() -> None:
         try:
             got.append(store.queue_pop("q"))
-        except Exception as err:  # noqa: BLE001 - the assertion below shows it
+        except Exception as err:  # the assertion below shows it
             got.append(err)
 
     values = [str(i).encode() for i in range(8)]
