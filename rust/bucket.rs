@@ -85,7 +85,7 @@ struct Accumulator {
 /// Checks the arguments torch would crash on or silently misuse.
 fn validate(req: &BucketRequest<'_>) -> Result<()> {
     let n = req.sizes.len();
-    let bad = |msg: String| Err(Error::InvalidInput(msg));
+    let bad = |msg: String| Err(Error::InvalidArgument(msg));
     if n == 0 {
         return bad("tensors: must not be empty".into());
     }

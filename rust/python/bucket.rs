@@ -4,7 +4,7 @@
 //! attribute reads per tensor: `nbytes`, `dtype`, `device`), then runs the core with the GIL
 //! released. `hash(device)` is torch's device bits, so no device attribute is read twice.
 
-use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::exceptions::PyTypeError;
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
@@ -122,11 +122,11 @@ fn bucket_assignment_from_metadata<'py>(
 ) -> PyResult<Bound<'py, PyTuple>> {
     let n = sizes.len();
     if dtype_ids.len() != n || device_ids.len() != n {
-        return Err(PyValueError::new_err(format!(
+        return Err(to_py(Error::InvalidArgument(format!(
             "sizes, dtype_ids and device_ids must have one entry per tensor, got {n}, {} and {}",
             dtype_ids.len(),
             device_ids.len()
-        )));
+        ))));
     }
     let sizes = sizes.map(|i, v| byte_count("sizes", i, v))?;
     let limits = non_negative("bucket_size_limits", &bucket_size_limits)?;
@@ -173,7 +173,7 @@ fn read_metadata(
             // `nbytes` refuses every sparse layout; torch refuses COO only and sizes the rest
             // as numel * element_size.
             Err(_) if tensor.getattr(intern!(py, "layout"))?.is(sparse_layout) => {
-                return Err(to_py(Error::InvalidInput(format!(
+                return Err(to_py(Error::InvalidArgument(format!(
                     "No support for sparse tensors. (tensors[{i}] is sparse)"
                 ))));
             }

@@ -223,6 +223,13 @@ pub trait Store: Send + Sync {
         true
     }
 
+    /// Whether every write (set, multi_set, ...) fails rather than block past [`Store::timeout`].
+    /// True for ferrodist's stores; false for a foreign Python store, whose writes may block
+    /// for as long as it likes (torch's TCPStore client has no deadline on a write).
+    fn bounds_writes(&self) -> bool {
+        true
+    }
+
     /// Blocks until `world_size` callers have reached the barrier named `key`.
     /// Default: torch's fallback from add + wait on `key/num_members` and `key/last_member`.
     fn barrier(&self, key: &str, world_size: i64, timeout: Option<Duration>) -> Result<()> {
@@ -296,7 +303,7 @@ pub fn parse_counter(key: &str, value: &[u8]) -> Result<i64> {
     let bad = || {
         // The value itself stays out of the message: it may be large or secret, and servers
         // log this text.
-        Error::InvalidValue(format!(
+        Error::InvalidArgument(format!(
             "add: the value of key '{key}' is not a decimal integer ({} bytes)",
             value.len()
         ))
