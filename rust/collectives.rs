@@ -262,8 +262,8 @@ impl StoreCollectives {
     /// Runs a send's store write so that the call returns within `timeout` (zero: no limit), as
     /// torch bounds each store operation of a collective by its timeout. A write still running
     /// then fails the send with [`Error::Timeout`]; it may yet land, since no store can cancel
-    /// a write. The write runs on a helper thread only when a limit applies, and the store's
-    /// own timeout is no longer than it (every native store bounds its writes by that).
+    /// a write. The write runs on a helper thread only when a limit applies and the store's
+    /// own write deadline (its timeout, for every native store) is not already within it.
     fn write_within(
         &self,
         op: &str,
@@ -271,7 +271,9 @@ impl StoreCollectives {
         timeout: Duration,
         write: impl FnOnce(&dyn Store) -> Result<()> + Send + 'static,
     ) -> Result<()> {
-        if timeout.is_zero() || (self.store.bounds_writes() && self.store.timeout() <= timeout) {
+        let own = self.store.timeout();
+        let bounded = self.store.bounds_writes() && !own.is_zero() && own <= timeout;
+        if timeout.is_zero() || bounded {
             return write(&*self.store);
         }
         let (done, result) = std::sync::mpsc::channel();
