@@ -74,6 +74,40 @@ pub struct BucketRequest<'a> {
     pub tensor_indices: &'a [i64],
 }
 
+/// The size facts of one tensor, as a binding reads them: `nbytes` where the tensor has it
+/// (every strided tensor), else its layout and, for a sparse layout, its element count and
+/// element size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TensorSize {
+    /// A tensor with `nbytes`.
+    Bytes(u64),
+    /// A sparse COO tensor (no `nbytes`).
+    SparseCoo,
+    /// A tensor of another sparse layout (CSR, CSC, BSR, BSC; no `nbytes`).
+    OtherSparse {
+        /// `numel()`.
+        numel: u64,
+        /// `element_size()`.
+        element_size: u64,
+    },
+}
+
+/// Bytes torch's bucketing counts for tensor `index`, by torch's layout rules: `nbytes`;
+/// `numel * element_size` for a sparse layout other than COO; a sparse COO tensor is refused
+/// with torch's message (its gradients cannot share a bucket).
+pub fn tensor_bytes(index: usize, size: TensorSize) -> Result<u64> {
+    match size {
+        TensorSize::Bytes(bytes) => Ok(bytes),
+        TensorSize::SparseCoo => Err(Error::InvalidArgument(format!(
+            "No support for sparse tensors. (tensors[{index}] is sparse)"
+        ))),
+        TensorSize::OtherSparse {
+            numel,
+            element_size,
+        } => Ok(numel.saturating_mul(element_size)),
+    }
+}
+
 /// One open bucket per group, plus where the group is in the limit list.
 #[derive(Debug, Default)]
 struct Accumulator {
@@ -85,7 +119,7 @@ struct Accumulator {
 /// Checks the arguments torch would crash on or silently misuse.
 fn validate(req: &BucketRequest<'_>) -> Result<()> {
     let n = req.sizes.len();
-    let bad = |msg: String| Err(Error::InvalidInput(msg));
+    let bad = |msg: String| Err(Error::InvalidArgument(msg));
     if n == 0 {
         return bad("tensors: must not be empty".into());
     }

@@ -23,6 +23,8 @@
 //! * **No race between timeout and late arrival.** When the wait times out, the keys are
 //!   checked once more: if everyone arrived meanwhile the collective succeeds; otherwise the
 //!   error names exactly the ranks still missing ([`Error::RanksMissing`]).
+//! * **Sends keep their timeout too.** A send returns within its timeout (torch bounds each
+//!   of its store operations by it); a write the store has not taken by then fails the send.
 //! * **Validated input.** A rank outside the world or a scatter list of the wrong length is
 //!   an error (torch reads out of bounds or ignores the surplus).
 
@@ -85,7 +87,7 @@ impl StoreCollectives {
     fn claim(&self, keys: &[&str]) -> Result<()> {
         let mut used = self.used_keys.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(reused) = keys.iter().find(|k| used.contains(**k)) {
-            return Err(Error::InvalidInput(format!(
+            return Err(Error::InvalidArgument(format!(
                 "Key {reused} has already been used."
             )));
         }
@@ -136,10 +138,14 @@ impl StoreCollectives {
         self.wait_for_ranks("barrier", key, &[release], deadline, interrupt)
     }
 
-    /// Root: publishes `data` under `key` for every other rank.
-    pub fn broadcast_send(&self, key: &str, data: &[u8]) -> Result<()> {
+    /// Root: publishes `data` under `key` for every other rank, failing if the store has not
+    /// taken it within `timeout`.
+    pub fn broadcast_send(&self, key: &str, data: &[u8], timeout: Duration) -> Result<()> {
         self.claim(&[key])?;
-        self.store.set(key, data)
+        let (owned, data) = (key.to_owned(), data.to_vec());
+        self.write_within("broadcast_send", key, timeout, move |store| {
+            store.set(&owned, &data)
+        })
     }
 
     /// Non-root: the value the root published under `key`.
@@ -157,10 +163,14 @@ impl StoreCollectives {
         )
     }
 
-    /// Non-root: contributes `data` to the gather `key`.
-    pub fn gather_send(&self, key: &str, data: &[u8]) -> Result<()> {
+    /// Non-root: contributes `data` to the gather `key`, failing if the store has not taken it
+    /// within `timeout`.
+    pub fn gather_send(&self, key: &str, data: &[u8], timeout: Duration) -> Result<()> {
         self.claim(&[key])?;
-        self.store.set(&Self::member_key(key, self.rank), data)
+        let (own, data) = (Self::member_key(key, self.rank), data.to_vec());
+        self.write_within("gather_send", key, timeout, move |store| {
+            store.set(&own, &data)
+        })
     }
 
     /// Root: every rank's contribution in rank order, its own `data` at its own position.
@@ -179,8 +189,9 @@ impl StoreCollectives {
         Ok(values)
     }
 
-    /// Root: hands element `i` of `data` to rank `i`; returns its own element.
-    pub fn scatter_send(&self, key: &str, data: &[Vec<u8>]) -> Result<Vec<u8>> {
+    /// Root: hands element `i` of `data` to rank `i`, failing if the store has not taken them
+    /// within `timeout`; returns its own element.
+    pub fn scatter_send(&self, key: &str, data: &[Vec<u8>], timeout: Duration) -> Result<Vec<u8>> {
         if data.len() != self.world_size {
             return Err(Error::InvalidArgument(format!(
                 "data: scatter_send needs one entry per rank ({}), got {}",
@@ -192,7 +203,9 @@ impl StoreCollectives {
         let keys: Vec<String> = self.others().map(|i| Self::member_key(key, i)).collect();
         let values: Vec<Vec<u8>> = self.others().map(|i| data[i].clone()).collect();
         if !keys.is_empty() {
-            self.store.multi_set(&keys, &values)?;
+            self.write_within("scatter_send", key, timeout, move |store| {
+                store.multi_set(&keys, &values)
+            })?;
         }
         Ok(data[self.rank].clone())
     }
@@ -244,6 +257,39 @@ impl StoreCollectives {
         self.store.add(key, value)?;
         self.barrier_unclaimed(&barrier, deadline, true, interrupt)?;
         self.store.add(key, 0)
+    }
+
+    /// Runs a send's store write so that the call returns within `timeout` (zero: no limit), as
+    /// torch bounds each store operation of a collective by its timeout. A write still running
+    /// then fails the send with [`Error::Timeout`]; it may yet land, since no store can cancel
+    /// a write. The write runs on a helper thread only when a limit applies and the store's
+    /// own write deadline (its timeout, for every native store) is not already within it.
+    fn write_within(
+        &self,
+        op: &str,
+        key: &str,
+        timeout: Duration,
+        write: impl FnOnce(&dyn Store) -> Result<()> + Send + 'static,
+    ) -> Result<()> {
+        let own = self.store.timeout();
+        let bounded = self.store.bounds_writes() && !own.is_zero() && own <= timeout;
+        if timeout.is_zero() || bounded {
+            return write(&*self.store);
+        }
+        let (done, result) = std::sync::mpsc::channel();
+        let store = Arc::clone(&self.store);
+        std::thread::Builder::new()
+            .name("ferrodist-send".into())
+            .spawn(move || {
+                let _ = done.send(write(&*store));
+            })?;
+        result.recv_timeout(timeout).unwrap_or_else(|_| {
+            Err(Error::Timeout {
+                op: op.to_string(),
+                after: timeout,
+                detail: format!("key: {key}, the store did not take the write in time"),
+            })
+        })
     }
 
     /// Waits for `keys` then reads them in one `multi_get`, naming missing ranks on timeout.

@@ -41,12 +41,13 @@ pub enum Error {
     /// The peer sent bytes that do not follow the protocol.
     #[error("protocol error: {0}")]
     Protocol(String),
-    /// A caller passed an argument the operation cannot accept.
+    /// An argument the operation cannot use: one the caller passed (a rank outside the world,
+    /// keys and values of different lengths, a sparse tensor torch refuses), or the stored value
+    /// the call works on (`add` on a value that is not an integer). Python sees one class that
+    /// is a `ValueError` and a `DistStoreError` (so a `RuntimeError`), which covers every
+    /// `except` clause torch's own checks are caught by.
     #[error("{0}")]
     InvalidArgument(String),
-    /// A stored value cannot be used the way the operation needs (e.g. `add` on a non-integer).
-    #[error("{0}")]
-    InvalidValue(String),
     /// A non-blocking queue pop found the queue empty.
     #[error("queue is empty")]
     QueueEmpty,
@@ -67,15 +68,11 @@ pub enum Error {
     /// A store-level failure that is none of the above (torch's generic `DistStoreError`).
     #[error("{0}")]
     Store(String),
-    /// The operation was interrupted by the caller (e.g. Ctrl-C in Python).
+    /// The caller interrupted the operation (Ctrl-C in Python, or a `KeyboardInterrupt` raised
+    /// inside a user's Python store); Python sees the original exception again.
     #[error("interrupted")]
     Interrupted,
     // --- collectives ---
-    /// An argument torch rejects with a `RuntimeError` or crashes on (an empty tensor list, a
-    /// sparse tensor, indices out of range); Python sees a class that is both `ValueError` and
-    /// `RuntimeError`, so torch's `except` clauses still catch it.
-    #[error("{0}")]
-    InvalidInput(String),
     /// A control collective timed out waiting for other ranks. The text follows torch's
     /// (`barrier failed -- missing ranks: 0, 2, wait timeout after 50ms, keys: b/last_members`),
     /// so code matching torch's message keeps working.

@@ -86,3 +86,20 @@ fn inputs_torch_crashes_on_are_errors_naming_the_argument() {
     assert!(err(assign(&[4, 4], &[F32; 2], &[10], &[], &[-1, 0])).contains("out of range"));
     assert!(err(assign(&[4, 4], &[F32; 2], &[10], &[], &[1, 1])).contains("repeats"));
 }
+
+#[test]
+fn tensor_sizes_follow_torchs_layout_rules() {
+    use ferrodist::bucket::{tensor_bytes, TensorSize};
+    assert_eq!(tensor_bytes(0, TensorSize::Bytes(24)).unwrap(), 24);
+    let csr = TensorSize::OtherSparse {
+        numel: 16,
+        element_size: 4,
+    };
+    assert_eq!(tensor_bytes(1, csr).unwrap(), 64);
+    let err = tensor_bytes(3, TensorSize::SparseCoo).unwrap_err();
+    assert!(matches!(err, Error::InvalidArgument(_)), "{err}");
+    assert_eq!(
+        err.to_string(),
+        "No support for sparse tensors. (tensors[3] is sparse)"
+    );
+}

@@ -80,7 +80,11 @@ fn gather_and_scatter_put_each_rank_in_its_place() {
     let (store, results) = on_ranks(4, |rank, c| {
         if rank == 2 {
             let mine = c
-                .scatter_send("sc", &(0..4).map(|i| vec![i as u8]).collect::<Vec<_>>())
+                .scatter_send(
+                    "sc",
+                    &(0..4).map(|i| vec![i as u8]).collect::<Vec<_>>(),
+                    LONG,
+                )
                 .unwrap();
             let all = c
                 .gather_recv("g", b"root", LONG, &mut no_interrupt())
@@ -88,7 +92,7 @@ fn gather_and_scatter_put_each_rank_in_its_place() {
             (mine, all)
         } else {
             let mine = c.scatter_recv("sc", LONG, &mut no_interrupt()).unwrap();
-            c.gather_send("g", &[b'g', rank as u8]).unwrap();
+            c.gather_send("g", &[b'g', rank as u8], LONG).unwrap();
             (mine, Vec::new())
         }
     });
@@ -127,7 +131,7 @@ fn timeout_names_missing_ranks_within_the_deadline() {
 fn reused_key_is_refused_and_all_sum_claims_its_barrier() {
     let store: Arc<dyn Store> = Arc::new(HashStore::new());
     let c = StoreCollectives::new(store, 0, 1).unwrap();
-    c.broadcast_send("k", b"v").unwrap();
+    c.broadcast_send("k", b"v", LONG).unwrap();
     let err = c.barrier("k", LONG, true, &mut no_interrupt()).unwrap_err();
     assert_eq!(err.to_string(), "Key k has already been used.");
     assert_eq!(c.all_sum("s", 7, LONG, &mut no_interrupt()).unwrap(), 7);
@@ -143,7 +147,7 @@ fn bad_rank_and_scatter_length_are_rejected() {
     assert!(StoreCollectives::new(store.clone(), 3, 3).is_err());
     assert!(StoreCollectives::new(store.clone(), 0, 0).is_err());
     let c = StoreCollectives::new(store, 0, 3).unwrap();
-    let err = c.scatter_send("sc", &[vec![1], vec![2]]).unwrap_err();
+    let err = c.scatter_send("sc", &[vec![1], vec![2]], LONG).unwrap_err();
     assert!(err.to_string().contains("one entry per rank (3), got 2"));
 }
 

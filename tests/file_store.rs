@@ -190,6 +190,48 @@ fn an_unopenable_path_is_a_store_error_naming_it() {
 }
 
 #[test]
+fn a_store_file_replaced_by_a_directory_is_a_store_error_not_a_wait_timeout() {
+    let (_dir, path) = temp_path();
+    let store = FileStore::new(&path, -1).unwrap();
+    std::fs::remove_file(&path).unwrap();
+    std::fs::create_dir(&path).unwrap();
+    for err in [
+        store
+            .wait(&["k".into()], Some(Duration::from_secs(5)))
+            .unwrap_err(),
+        store.get_timeout("k", Duration::from_secs(5)).unwrap_err(),
+    ] {
+        assert!(matches!(err, Error::Store(_)), "{err}");
+        assert!(err.to_string().contains(&*path.to_string_lossy()), "{err}");
+    }
+    // A timeout still reads as one once the file is back.
+    std::fs::remove_dir(&path).unwrap();
+    store.set("other", b"1").unwrap();
+    let started = Instant::now();
+    let err = store
+        .wait(&["k".into()], Some(Duration::from_millis(50)))
+        .unwrap_err();
+    assert!(err.is_timeout(), "{err}");
+    assert!(started.elapsed() >= Duration::from_millis(50));
+}
+
+#[test]
+fn a_lock_held_past_the_timeout_is_a_timeout_naming_the_file() {
+    use std::os::unix::io::AsRawFd;
+    let (_dir, path) = temp_path();
+    let store = FileStore::new(&path, -1).unwrap();
+    store.set_timeout(Duration::from_millis(50));
+    let holder = std::fs::File::open(&path).unwrap();
+    // SAFETY: flock on a descriptor this test owns.
+    assert_eq!(unsafe { libc::flock(holder.as_raw_fd(), libc::LOCK_EX) }, 0);
+    let err = store.set("k", b"v").unwrap_err();
+    assert!(err.is_timeout(), "{err:?}");
+    assert!(err.to_string().contains(&*path.to_string_lossy()), "{err}");
+    drop(holder);
+    store.set("k", b"v").unwrap();
+}
+
+#[test]
 fn concurrent_adds_from_many_instances_are_never_lost() {
     let (_dir, path) = temp_path();
     let workers: Vec<_> = (0..4)

@@ -14,10 +14,13 @@ garbage collection, releases pinned stores once torch has let go (e.g. after
 ``destroy_process_group()``), so a ``FileStore`` is still cleaned up when torch would clean up
 its own.
 
-Reading the count relies on pybind11's instance layout and c10's reference count word. Both are
-checked once against a probe store at first use; if the check fails, a store still in use is
-kept for the life of the process instead (always safe, but the file of a FileStore handed to
-torch then stays).
+Reading the count relies on pybind11's instance layout and c10's reference count word, foreign
+memory read through ctypes: a wrong guess there is a crash, not an exception. So the read is
+made only on torch releases whose layout our tests pin (``_LAYOUT_TESTED``; add a release once
+``tests/python/test_store_interop.py`` passes on it), on a 64-bit CPython with the GIL, and even
+then only after a probe store shows the count moving as torch takes and drops it. Anywhere
+else nothing is read: a store whose Python half is dropped is kept for the life of the process
+instead (always safe, but the file of such a ``FileStore`` then stays until exit).
 """
 
 from __future__ import annotations
@@ -26,8 +29,10 @@ import atexit
 import ctypes
 import gc
 import sys
+import sysconfig
 from typing import Any, Optional
 
+import torch
 import torch.distributed as _tdist
 
 __all__ = ["keep_alive_while_shared"]
@@ -38,8 +43,30 @@ _VALUE_OFFSET = object.__basicsize__
 # are the strong count.
 _COUNT_OFFSET = ctypes.sizeof(ctypes.c_void_p)
 
+# torch releases (major, minor) on which the layout above is tested.
+_LAYOUT_TESTED = frozenset({(2, 13)})
+
 _pinned: set[Any] = set()
 _layout_checked: Optional[bool] = None
+
+
+def _torch_release() -> Optional[tuple[int, int]]:
+    """``(major, minor)`` of the installed torch, None when its version does not parse."""
+    parts = torch.__version__.split("+")[0].split(".")
+    try:
+        return int(parts[0]), int(parts[1])
+    except (IndexError, ValueError):
+        return None
+
+
+def _layout_trusted() -> bool:
+    """True where reading torch's object memory is known to be safe (see the module doc)."""
+    return (
+        _torch_release() in _LAYOUT_TESTED
+        and sys.implementation.name == "cpython"
+        and ctypes.sizeof(ctypes.c_void_p) == 8
+        and not sysconfig.get_config_var("Py_GIL_DISABLED")
+    )
 
 
 def _strong_count(obj: object) -> Optional[int]:
@@ -57,6 +84,8 @@ class _Probe(_tdist.Store):
 def _layout_ok() -> bool:
     """Checks once that the count we read moves as torch takes and drops references."""
     global _layout_checked
+    if _layout_checked is None and not _layout_trusted():
+        _layout_checked = False
     if _layout_checked is None:
         try:
             probe = _Probe()
@@ -74,11 +103,11 @@ def keep_alive_while_shared(store: object) -> None:
     """Called from a store's ``__del__``: resurrects it if torch's C++ code still holds it."""
     if sys.is_finalizing():
         return
-    if _layout_ok():
-        count = _strong_count(store)
-        if count is not None and count > 1:
-            _pinned.add(store)
-    elif _strong_count(store) is not None:
+    if not _layout_ok():
+        _pinned.add(store)  # nothing may be read: keep it, torch may hold it
+        return
+    count = _strong_count(store)
+    if count is not None and count > 1:
         _pinned.add(store)
 
 

@@ -8,8 +8,9 @@ through an adapter.
 
 What is better than torch:
 
-* the ``timeout`` covers the whole call (torch applies it to each store operation, by changing
-  the timeout of the shared store object);
+* the ``timeout`` covers the whole call, sends included (torch applies it to each store
+  operation, by changing the timeout of the shared store object): a send whose write the store
+  has not taken in time raises :class:`ferrodist.StoreTimeoutError`;
 * a gather waits once for all keys and reads them with one ``multi_get``;
 * a timeout raises :class:`ferrodist.StoreTimeoutError` (a ``torch.distributed.DistStoreError``,
   so also a ``RuntimeError``) with torch's text, ``barrier failed -- missing ranks: 0, 2, ...``,

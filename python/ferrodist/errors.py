@@ -51,11 +51,13 @@ class QueueEmptyError(DistStoreError, _tdist.QueueEmptyError):
 
 class InvalidArgumentError(DistStoreError, ValueError):
     """An argument, or a stored value, that the operation cannot use (``multi_set`` with more
-    keys than values, ``add`` on a value that is not an integer).
+    keys than values, ``add`` on a value that is not an integer, a rank outside the world, a
+    sparse tensor in a bucket assignment).
 
-    A ``ValueError`` whose message names what was wrong, and also a ``DistStoreError``: torch's
-    TCPStore raises that class for these, so both ``except ValueError`` and torch's ``except``
-    clauses catch it.
+    A ``ValueError`` whose message names what was wrong, and also a ``DistStoreError`` (so a
+    ``RuntimeError``): torch's TCPStore raises that class for its store arguments and torch's
+    collectives and bucketing a ``RuntimeError``, so both ``except ValueError`` and torch's
+    ``except`` clauses catch it.
     """
 
 
@@ -72,9 +74,6 @@ class ConnectionClosedError(DistNetworkError, ConnectionError):
 
 
 # --- collectives ---
-class InvalidInputError(FerrodistError, ValueError, RuntimeError):
-    """An argument torch rejects with a ``RuntimeError``, or would crash on.
-
-    A ``ValueError`` whose message names the argument, and also a ``RuntimeError`` so code
-    written against torch (``except RuntimeError``) still catches it.
-    """
+InvalidInputError = InvalidArgumentError
+"""The former name of :class:`InvalidArgumentError` for collective and bucketing arguments,
+kept so existing ``except ferrodist.InvalidInputError`` clauses still catch them."""

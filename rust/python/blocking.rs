@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use pyo3::prelude::*;
 
-use super::errors::to_py;
+use super::errors::{park, to_py};
 use crate::error::{Error, Result};
 use crate::store::sliced;
 
@@ -33,18 +33,14 @@ pub fn detached_interruptible<T: Send>(
     py: Python<'_>,
     op: impl FnOnce(&mut dyn FnMut() -> Result<()>) -> Result<T> + Send,
 ) -> PyResult<T> {
-    let mut pending: Option<PyErr> = None;
-    let outcome = py.detach(|| {
+    py.detach(|| {
         let mut interrupted = || {
             Python::attach(|py| py.check_signals()).map_err(|err| {
-                pending = Some(err);
+                park(err);
                 Error::Interrupted
             })
         };
         op(&mut interrupted)
-    });
-    match (outcome, pending) {
-        (Err(Error::Interrupted), Some(err)) => Err(err),
-        (outcome, _) => outcome.map_err(to_py),
-    }
+    })
+    .map_err(to_py)
 }

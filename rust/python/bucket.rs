@@ -4,7 +4,7 @@
 //! attribute reads per tensor: `nbytes`, `dtype`, `device`), then runs the core with the GIL
 //! released. `hash(device)` is torch's device bits, so no device attribute is read twice.
 
-use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::exceptions::PyTypeError;
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
@@ -12,7 +12,9 @@ use pyo3::types::{PyBytes, PyDict, PyList, PySequence, PyTuple};
 
 use super::blocking::detached;
 use super::errors::to_py;
-use crate::bucket::{assign_buckets, BucketAssignment, BucketRequest, GroupKey};
+use crate::bucket::{
+    assign_buckets, tensor_bytes, BucketAssignment, BucketRequest, GroupKey, TensorSize,
+};
 use crate::error::Error;
 
 /// Integers given either as a sequence or packed as native-endian int64 bytes.
@@ -122,11 +124,11 @@ fn bucket_assignment_from_metadata<'py>(
 ) -> PyResult<Bound<'py, PyTuple>> {
     let n = sizes.len();
     if dtype_ids.len() != n || device_ids.len() != n {
-        return Err(PyValueError::new_err(format!(
+        return Err(to_py(Error::InvalidArgument(format!(
             "sizes, dtype_ids and device_ids must have one entry per tensor, got {n}, {} and {}",
             dtype_ids.len(),
             device_ids.len()
-        )));
+        ))));
     }
     let sizes = sizes.map(|i, v| byte_count("sizes", i, v))?;
     let limits = non_negative("bucket_size_limits", &bucket_size_limits)?;
@@ -148,8 +150,8 @@ fn bucket_assignment_from_metadata<'py>(
     to_python(py, result)
 }
 
-/// Reads `(nbytes, group key)` of every tensor. `dtype_ids` maps each `torch.dtype` to its id;
-/// `sparse_layout` is `torch.sparse_coo`, the one layout torch refuses.
+/// Reads `(bytes, group key)` of every tensor, sized by [`tensor_bytes`]. `dtype_ids` maps each
+/// `torch.dtype` to its id; `sparse_layout` is `torch.sparse_coo`.
 fn read_metadata(
     tensors: &Bound<'_, PyAny>,
     tensor_type: &Bound<'_, PyAny>,
@@ -168,23 +170,21 @@ fn read_metadata(
                 tensor.get_type().name()?
             )));
         }
-        let nbytes = match tensor.getattr(intern!(py, "nbytes")) {
-            Ok(n) => n.extract::<u64>()?,
-            // `nbytes` refuses every sparse layout; torch refuses COO only and sizes the rest
-            // as numel * element_size.
+        // Which facts to read is all that is decided here; torch's rules are the core's.
+        let size = match tensor.getattr(intern!(py, "nbytes")) {
+            Ok(n) => TensorSize::Bytes(n.extract()?),
+            // Every sparse layout refuses `nbytes`.
             Err(_) if tensor.getattr(intern!(py, "layout"))?.is(sparse_layout) => {
-                return Err(to_py(Error::InvalidInput(format!(
-                    "No support for sparse tensors. (tensors[{i}] is sparse)"
-                ))));
+                TensorSize::SparseCoo
             }
-            Err(_) => {
-                let numel: u64 = tensor.call_method0(intern!(py, "numel"))?.extract()?;
-                let item: u64 = tensor
+            Err(_) => TensorSize::OtherSparse {
+                numel: tensor.call_method0(intern!(py, "numel"))?.extract()?,
+                element_size: tensor
                     .call_method0(intern!(py, "element_size"))?
-                    .extract()?;
-                numel.saturating_mul(item)
-            }
+                    .extract()?,
+            },
         };
+        let nbytes = tensor_bytes(i, size).map_err(to_py)?;
         let dtype = tensor.getattr(intern!(py, "dtype"))?;
         let dtype_id = match &last_dtype {
             Some((seen, id)) if seen.is(&dtype) => *id,

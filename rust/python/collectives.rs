@@ -54,9 +54,9 @@ impl PyStoreCollectives {
         data: Value,
         timeout: Option<Timeout>,
     ) -> PyResult<()> {
-        timeout_or_default(timeout)?;
+        let timeout = timeout_or_default(timeout)?;
         let data = data.into_vec();
-        detached(py, || self.inner.broadcast_send(key, &data))
+        detached(py, || self.inner.broadcast_send(key, &data, timeout))
     }
 
     #[pyo3(signature = (key, timeout=None))]
@@ -78,9 +78,9 @@ impl PyStoreCollectives {
         data: Value,
         timeout: Option<Timeout>,
     ) -> PyResult<()> {
-        timeout_or_default(timeout)?;
+        let timeout = timeout_or_default(timeout)?;
         let data = data.into_vec();
-        detached(py, || self.inner.gather_send(key, &data))
+        detached(py, || self.inner.gather_send(key, &data, timeout))
     }
 
     #[pyo3(signature = (key, data, timeout=None))]
@@ -104,9 +104,9 @@ impl PyStoreCollectives {
         data: Vec<Value>,
         timeout: Option<Timeout>,
     ) -> PyResult<Vec<u8>> {
-        timeout_or_default(timeout)?;
+        let timeout = timeout_or_default(timeout)?;
         let data: Vec<Vec<u8>> = data.into_iter().map(Value::into_vec).collect();
-        detached(py, || self.inner.scatter_send(key, &data))
+        detached(py, || self.inner.scatter_send(key, &data, timeout))
     }
 
     #[pyo3(signature = (key, timeout=None))]

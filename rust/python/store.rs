@@ -6,11 +6,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyDelta, PyDeltaAccess, PyFloat, PyInt, PyString};
 
 use super::blocking::{detached, detached_sliced};
+use super::errors::to_py;
+use crate::error::Error;
 use crate::store::{HashStore, Store};
 
 /// The UTF-8 text of a `str`. One that cannot be encoded (a lone surrogate) is a `TypeError`,
@@ -85,7 +87,11 @@ impl<'a, 'py> FromPyObject<'a, 'py> for Key {
         if let Ok(bytes) = obj.cast::<PyBytes>() {
             return String::from_utf8(bytes.as_bytes().to_vec())
                 .map(Key)
-                .map_err(|_| PyValueError::new_err("store keys must be UTF-8 text"));
+                .map_err(|_| {
+                    to_py(Error::InvalidArgument(
+                        "store keys must be UTF-8 text".into(),
+                    ))
+                });
         }
         Err(PyTypeError::new_err(format!(
             "a store key must be str or bytes, got {}",
@@ -158,9 +164,9 @@ impl Timeout {
     /// century; NaN is refused.
     pub fn duration(&self) -> PyResult<Duration> {
         if self.seconds.is_nan() {
-            return Err(PyValueError::new_err(
-                "timeout must be a number of seconds, got nan",
-            ));
+            return Err(to_py(Error::InvalidArgument(
+                "timeout must be a number of seconds, got nan".into(),
+            )));
         }
         if self.seconds < 0.0 {
             return Ok(Duration::from_nanos(1));
@@ -293,12 +299,13 @@ impl PyNativeStore {
     /// Pops the front of queue ``key``; with ``block``, waits up to the store timeout.
     #[pyo3(signature = (key, block=true))]
     fn queue_pop(&self, py: Python<'_>, key: Key, block: bool) -> PyResult<Vec<u8>> {
-        if block {
-            let timeout = self.inner.timeout();
-            let keys = [String::from(&*key)];
-            self.waiting(py, timeout, |slice| self.inner.wait(&keys, Some(slice)))?;
+        if !block {
+            return detached(py, || self.inner.queue_pop(&key, false));
         }
-        detached(py, || self.inner.queue_pop(&key, false))
+        let timeout = self.inner.timeout();
+        self.waiting(py, timeout, |slice| {
+            self.inner.queue_pop_timeout(&key, slice)
+        })
     }
 
     /// Length of queue ``key`` (0 if it does not exist).

@@ -91,6 +91,15 @@ impl FileStore {
         }
     }
 
+    /// An I/O failure on the store file: a store error naming the file, as torch raises
+    /// `DistStoreError` for it (a caller catching `RuntimeError` still catches it).
+    fn io_failed(&self, what: &str, err: std::io::Error) -> Error {
+        Error::Store(format!(
+            "cannot {what} FileStore file {}: {err}",
+            self.path.display()
+        ))
+    }
+
     /// Runs `op` on an up-to-date replica while holding a `mode` lock on the file. Readers get
     /// `Ok(None)` while the file does not exist (torch's readers wait for it); writers create it.
     fn locked<T>(
@@ -105,19 +114,28 @@ impl FileStore {
             if !log.as_ref().is_some_and(OpenLog::opened_by_this_process) {
                 // First use, a file removed by cleanup, or a forked child: start over.
                 *replica = Replica::default();
-                *log = OpenLog::open(&self.path, mode == LockMode::Exclusive).map_err(|err| {
-                    // A store error (torch users catch RuntimeError here) that names the file.
-                    Error::Store(format!(
-                        "cannot open FileStore file {}: {err}",
-                        self.path.display()
-                    ))
-                })?;
+                *log = OpenLog::open(&self.path, mode == LockMode::Exclusive)
+                    .map_err(|err| self.io_failed("open", err))?;
             }
             let Some(open) = log.as_ref() else {
                 return Ok(None);
             };
-            let lock = open.lock(mode, Deadline::after(self.timeout()))?;
-            let meta = open.file.metadata()?;
+            let deadline = Deadline::after(self.timeout());
+            let lock = open.lock(mode, deadline).map_err(|err| match err.kind() {
+                std::io::ErrorKind::TimedOut => Error::Timeout {
+                    op: "lock".into(),
+                    after: deadline.timeout(),
+                    detail: format!(
+                        "file {} stayed locked by another process",
+                        self.path.display()
+                    ),
+                },
+                _ => self.io_failed("lock", err),
+            })?;
+            let meta = open
+                .file
+                .metadata()
+                .map_err(|err| self.io_failed("stat", err))?;
             if meta.nlink() == 0 {
                 // Unlinked (the last instance cleaned up): the path may name a new file now.
                 drop(lock);
@@ -146,7 +164,9 @@ impl FileStore {
         if size > offset {
             // Sized by what is really on disk, never by a length field read from it.
             let mut tail = vec![0u8; (size - offset) as usize];
-            log.file.read_exact_at(&mut tail, offset)?;
+            log.file
+                .read_exact_at(&mut tail, offset)
+                .map_err(|err| self.io_failed("read", err))?;
             file_log::replay(&tail, &mut replica.map).map_err(|err| {
                 self.corrupt(format!("{err}, counting from byte {offset} of the file"))
             })?;
@@ -170,7 +190,9 @@ impl FileStore {
                 "key or value of '{key}' is over 4 GiB, which the FileStore format cannot hold"
             )));
         }
-        log.file.write_all_at(&record, replica.offset)?;
+        log.file
+            .write_all_at(&record, replica.offset)
+            .map_err(|err| self.io_failed("write", err))?;
         replica.offset += record.len() as u64;
         match key.strip_prefix(TOMBSTONE as char) {
             Some(deleted) => replica.map.remove(deleted),
@@ -201,32 +223,30 @@ impl FileStore {
     /// Reads the replica, waiting (store timeout) for the file to exist, as torch's readers do.
     fn when_present<T>(&self, op: &str, read: impl Fn(&Replica) -> T) -> Result<T> {
         let timeout = self.timeout();
-        self.poll(
-            timeout,
-            |replica| Some(read(replica)),
-            || Error::Timeout {
+        self.poll(timeout, |replica| Some(read(replica)))?
+            .ok_or_else(|| Error::Timeout {
                 op: op.to_owned(),
                 after: timeout,
                 detail: format!("file {} does not exist", self.path.display()),
-            },
-        )
+            })
     }
 
-    /// Polls `ready` until it yields a value or `timeout` (zero: never) passes.
+    /// Polls `ready` until it yields a value or `timeout` (zero: never) passes. `Ok(None)` means
+    /// the deadline passed; every `Err` is a real failure (the file could not be opened, read or
+    /// locked), never a disguised timeout, so callers cannot mistake one for the other.
     fn poll<T>(
         &self,
         timeout: Duration,
         mut ready: impl FnMut(&Replica) -> Option<T>,
-        on_timeout: impl FnOnce() -> Error,
-    ) -> Result<T> {
+    ) -> Result<Option<T>> {
         let deadline = Deadline::after(timeout);
         let mut pause = Duration::from_micros(500);
         loop {
             if let Some(found) = self.read(&mut ready)?.flatten() {
-                return Ok(found);
+                return Ok(Some(found));
             }
             match deadline.remaining() {
-                Some(left) if left.is_zero() => return Err(on_timeout()),
+                Some(left) if left.is_zero() => return Ok(None),
                 left => std::thread::sleep(left.map_or(pause, |l| l.min(pause))),
             }
             pause = (pause * 2).min(POLL_MAX);
@@ -246,11 +266,8 @@ impl Store for FileStore {
 
     fn get_timeout(&self, key: &str, timeout: Duration) -> Result<Vec<u8>> {
         let raw = user_key(key);
-        self.poll(
-            timeout,
-            |replica| replica.map.get(&raw).cloned(),
-            || Error::wait_timeout("get", timeout, &[key.to_owned()]),
-        )
+        self.poll(timeout, |replica| replica.map.get(&raw).cloned())?
+            .ok_or_else(|| Error::wait_timeout("get", timeout, &[key.to_owned()]))
     }
 
     fn add(&self, key: &str, amount: i64) -> Result<i64> {
@@ -281,23 +298,16 @@ impl Store for FileStore {
         let timeout = timeout.unwrap_or_else(|| self.timeout());
         let raw: Vec<String> = keys.iter().map(|k| user_key(k)).collect();
         let mut missing: Vec<String> = keys.to_vec();
-        let found = self.poll(
-            timeout,
-            |replica| {
-                missing = keys
-                    .iter()
-                    .zip(&raw)
-                    .filter(|(_, r)| !replica.map.contains_key(*r))
-                    .map(|(k, _)| k.clone())
-                    .collect();
-                missing.is_empty().then_some(())
-            },
-            || Error::Store(String::new()),
-        );
-        found.map_err(|err| match err {
-            Error::Store(_) => Error::wait_timeout("wait", timeout, &missing),
-            other => other,
-        })
+        let found = self.poll(timeout, |replica| {
+            missing = keys
+                .iter()
+                .zip(&raw)
+                .filter(|(_, r)| !replica.map.contains_key(*r))
+                .map(|(k, _)| k.clone())
+                .collect();
+            missing.is_empty().then_some(())
+        })?;
+        found.ok_or_else(|| Error::wait_timeout("wait", timeout, &missing))
     }
 
     fn delete_key(&self, key: &str) -> Result<bool> {

@@ -172,6 +172,37 @@ pub trait Store: Send + Sync {
         ))
     }
 
+    /// Pops the front of queue `key`, waiting up to `timeout` (zero: forever) for an element.
+    /// A timeout pops nothing, so a caller may repeat the call (see [`sliced`]).
+    ///
+    /// Default: wait for the queue, then pop without blocking; when another consumer took the
+    /// element in between, wait again within the same deadline (torch's TCPStore raises
+    /// `QueueEmptyError` there instead).
+    fn queue_pop_timeout(&self, key: &str, timeout: Duration) -> Result<Vec<u8>> {
+        let deadline = Deadline::after(timeout);
+        let keys = [key.to_owned()];
+        loop {
+            let left = match deadline.remaining() {
+                Some(left) if left.is_zero() => {
+                    return Err(Error::wait_timeout("queue_pop", timeout, &keys))
+                }
+                left => left.unwrap_or(Duration::ZERO),
+            };
+            self.wait(&keys, Some(left)).map_err(|err| match err {
+                Error::Timeout { op, detail, .. } => Error::Timeout {
+                    op,
+                    after: timeout,
+                    detail,
+                },
+                other => other,
+            })?;
+            match self.queue_pop(key, false) {
+                Err(Error::QueueEmpty) => continue,
+                popped => return popped,
+            }
+        }
+    }
+
     /// Length of queue `key`, 0 when it does not exist.
     fn queue_len(&self, _key: &str) -> Result<i64> {
         Err(Error::NotImplemented(
@@ -191,6 +222,13 @@ pub trait Store: Send + Sync {
     /// Python store (torch's TCPStore logs a warning per timed-out slice, torch's FileStore
     /// rounds each slice up to a whole second).
     fn sliceable_waits(&self) -> bool {
+        true
+    }
+
+    /// Whether every write (set, multi_set, ...) fails rather than block past [`Store::timeout`].
+    /// True for ferrodist's stores; false for a foreign Python store, whose writes may block
+    /// for as long as it likes (torch's TCPStore client has no deadline on a write).
+    fn bounds_writes(&self) -> bool {
         true
     }
 
@@ -267,7 +305,7 @@ pub fn parse_counter(key: &str, value: &[u8]) -> Result<i64> {
     let bad = || {
         // The value itself stays out of the message: it may be large or secret, and servers
         // log this text.
-        Error::InvalidValue(format!(
+        Error::InvalidArgument(format!(
             "add: the value of key '{key}' is not a decimal integer ({} bytes)",
             value.len()
         ))

@@ -154,6 +154,16 @@ impl Store for PrefixStore {
             .map_err(|e| self.unprefixed(e))
     }
 
+    fn bounds_writes(&self) -> bool {
+        self.inner.bounds_writes()
+    }
+
+    fn queue_pop_timeout(&self, key: &str, timeout: Duration) -> Result<Vec<u8>> {
+        self.inner
+            .queue_pop_timeout(&self.key(key), timeout)
+            .map_err(|e| self.unprefixed(e))
+    }
+
     fn queue_len(&self, key: &str) -> Result<i64> {
         self.inner.queue_len(&self.key(key))
     }

@@ -48,7 +48,7 @@ impl TcpStore {
         });
         match probe {
             Ok(Some(value)) => match crate::store::parse_counter(key, &value) {
-                Err(not_an_integer) => Error::InvalidValue(format!(
+                Err(not_an_integer) => Error::InvalidArgument(format!(
                     "{not_an_integer}; the server refused the add and closed the connection \
                      (the store itself is fine)"
                 )),

@@ -214,6 +214,9 @@ class LateStore(RecordingStore):
         self.late = late
 
     def wait(self, keys: list[str], timeout: timedelta | None = None) -> None:
+        # A real timeout comes once the timeout has passed (ferrodist tells a store's timeout
+        # from its other failures by that, not by the message).
+        time.sleep(timeout.total_seconds() if timeout is not None else 0.0)
         for key in keys:
             if key in self.late:
                 self.inner.set(key, self.late[key])
@@ -248,3 +251,44 @@ def test_arguments_are_checked() -> None:
 def test_str_data_comes_back_as_utf8_bytes() -> None:
     c = StoreCollectives(ferrodist.HashStore(), 0, 1)
     assert c.all_gather("u", "héllo") == ["héllo".encode()]
+
+
+class SlowWriteStore(RecordingStore):
+    """A store whose writes take ``delay`` seconds (a hung server, a slow disk)."""
+
+    def __init__(self, delay: float) -> None:
+        super().__init__()
+        self.delay = delay
+
+    def set(self, key: str, value: Any) -> None:
+        time.sleep(self.delay)
+        super().set(key, value)
+
+    def multi_set(self, keys: list[str], values: list[Any]) -> None:
+        time.sleep(self.delay)
+        for key, value in zip(keys, values):
+            super().set(key, value)
+
+
+@pytest.mark.parametrize(
+    "send",
+    [
+        lambda c: c.broadcast_send("b", b"x", SHORT),
+        lambda c: c.gather_send("g", b"x", SHORT),
+        lambda c: c.scatter_send("s", [b"0", b"1"], SHORT),
+    ],
+    ids=["broadcast_send", "gather_send", "scatter_send"],
+)
+def test_a_send_honours_its_timeout(send: Callable[[Any], Any]) -> None:
+    # torch bounds each store operation of a send by the timeout; ferrodist ignored it.
+    coll = StoreCollectives(SlowWriteStore(delay=2.0), 1, 2)
+    started = time.monotonic()
+    with pytest.raises(ferrodist.StoreTimeoutError, match="did not take the write"):
+        send(coll)
+    assert time.monotonic() - started < 1.5
+
+
+def test_a_send_within_its_timeout_succeeds_on_a_slow_store() -> None:
+    store = SlowWriteStore(delay=0.05)
+    StoreCollectives(store, 0, 2).broadcast_send("b", b"x", timedelta(seconds=5))
+    assert store.inner.get("b") == b"x"

@@ -191,6 +191,22 @@ def test_an_unopenable_path_is_a_dist_store_error_at_once(tmp_path: Path) -> Non
     assert time.monotonic() - start < 5
 
 
+def test_a_store_file_replaced_by_a_directory_fails_wait_at_once_not_as_a_timeout(
+    tmp_path: Path,
+) -> None:
+    # torch raises DistStoreError "Is a directory" here too; it was reported as a wait timeout.
+    path = tmp_path / "store"
+    store = ferrodist.FileStore(str(path))
+    path.unlink()
+    path.mkdir()
+    start = time.monotonic()
+    with pytest.raises(tdist.DistStoreError, match="store") as info:
+        store.wait(["k"], timedelta(seconds=5))
+    assert not isinstance(info.value, TimeoutError), info.value
+    assert str(path) in str(info.value) and "irectory" in str(info.value)
+    assert time.monotonic() - start < 4
+
+
 @pytest.mark.timeout(30)
 def test_a_forked_child_uses_its_own_lock_on_the_shared_file(tmp_path: Path) -> None:
     store = ferrodist.FileStore(str(tmp_path / "store"))

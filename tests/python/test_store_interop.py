@@ -78,6 +78,32 @@ def test_a_file_store_torch_held_is_released_and_cleaned_up_when_torch_lets_go(
     assert not path.exists()
 
 
+# On a torch release whose object layout no test has pinned, ferrodist must read no torch
+# memory (a wrong guess crashes the process) and still keep a store torch holds alive.
+UNTESTED_TORCH = """
+import ctypes, gc
+import torch, torch.distributed as dist
+torch.__version__ = "2.99.0"
+reads = []
+def spy(cls, address):
+    reads.append(cls.__name__)
+    raise AssertionError("read foreign memory")
+for cls in (ctypes.c_void_p, ctypes.c_uint64):
+    cls.from_address = classmethod(spy)
+import ferrodist
+from ferrodist import _lifetime
+prefixed = dist.PrefixStore("p", ferrodist.HashStore())
+gc.collect()
+prefixed.set("k", "v")
+print("got", prefixed.get("k"), "layout", _lifetime._layout_ok(), "reads", reads)
+"""
+
+
+def test_on_an_untested_torch_no_foreign_memory_is_read_and_stores_stay_alive() -> None:
+    (out,) = finish([spawn(UNTESTED_TORCH)])
+    assert "got b'v' layout False reads []" in out, out
+
+
 @pytest.mark.parametrize(
     "make_base",
     [tdist.HashStore, ferrodist.HashStore, lambda: tdist.PrefixStore("t", tdist.HashStore())],

@@ -10,6 +10,8 @@ fails for ``ferrodist`` is a drop-in gap.
 from __future__ import annotations
 
 import socket
+import threading
+import time
 from datetime import timedelta
 from pathlib import Path
 from types import ModuleType
@@ -86,6 +88,34 @@ def test_queues_and_the_legacy_gate(impl: ModuleType) -> None:
     assert not legacy.libuvBackend
     with pytest.raises(NotImplementedError, match="legacy TCPStore backend"):
         legacy.queue_push("q", "a")
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", ["hash", "prefix"])
+def test_a_blocking_pop_that_loses_the_race_keeps_waiting(impl: ModuleType, kind: str) -> None:
+    # torch's HashStore waits and pops under one lock, so a consumer beaten to an element waits
+    # on for the next one; ferrodist's used to raise QueueEmptyError there.
+    store = _stores(impl, Path("."))[kind]()
+    store.set_timeout(timedelta(seconds=20))
+    got: list[object] = []
+
+    def consume() -> None:
+        try:
+            got.append(store.queue_pop("q"))
+        except Exception as err:  # the assertion below shows it
+            got.append(err)
+
+    values = [str(i).encode() for i in range(8)]
+    consumers = [threading.Thread(target=consume) for _ in values]
+    for thread in consumers:
+        thread.start()
+    time.sleep(0.3)
+    for value in values:
+        store.queue_push("q", value)
+        time.sleep(0.05)
+    for thread in consumers:
+        thread.join(timeout=30)
+    assert sorted(got, key=repr) == values, got
 
 
 def test_a_client_sees_the_masters_keys_and_clones(impl: ModuleType) -> None:
