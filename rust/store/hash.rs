@@ -192,8 +192,13 @@ impl Store for HashStore {
             let (_, front) = self.db.queue_pop(key.as_bytes());
             return front.map(|v| v.to_vec()).ok_or(Error::QueueEmpty);
         }
+        self.queue_pop_timeout(key, self.timeout())
+    }
+
+    /// Waits on the queue itself (a value under the same key does not end the wait).
+    fn queue_pop_timeout(&self, key: &str, timeout: Duration) -> Result<Vec<u8>> {
         let keys = [key_bytes(key)];
-        let deadline = Deadline::after(self.timeout());
+        let deadline = Deadline::after(timeout);
         loop {
             match self.db.queue_pop_or_wait(&keys[0]) {
                 Ok(front) => return Ok(front.to_vec()),
