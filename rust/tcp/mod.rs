@@ -19,7 +19,8 @@
 //! * [`store`]: [`TcpStore`], the blocking torch-compatible [`crate::store::Store`] over a
 //!   client (user keys get torch's `/` prefix), hosting a server when it is the master.
 //! * [`shutdown`]: the stop signal and drain used by the server.
-//! * [`cli`]: `ServerArgs` and `run_until_signal`, shared by the binary and the console script.
+//! * [`cli`]: `ServerArgs` and `run_until_signal`, the body of the `ferrodist-store` binary.
+//! * [`signals`]: SIGINT/SIGTERM held from `main`'s first instant until the handlers exist.
 //!
 //! # Files
 //!
@@ -29,7 +30,7 @@
 //! * `server.rs`: bind and accept; `shutdown.rs`: stop signal and drain.
 //! * `client.rs`: the client's protocol sequences; `client_socket.rs`: its socket, read by the
 //!   calling thread with a deadline; `store.rs` + `store_impl.rs`: the Store facade.
-//! * `cli.rs`: the `ferrodist-store` command line (binary and console script).
+//! * `cli.rs`: the `ferrodist-store` command line; `signals.rs`: its SIGINT/SIGTERM.
 
 pub mod cli;
 pub mod client;
@@ -39,6 +40,7 @@ pub mod handler;
 pub mod outbox;
 pub mod server;
 pub mod shutdown;
+pub mod signals;
 pub mod state;
 pub mod store;
 pub mod waiters;

@@ -1,7 +1,8 @@
 """Helpers for the TCP store tests: real server processes and one script of store calls.
 
-Servers always run in their own process: ``ferrodist-store`` (the Rust binary, or the console
-script), or torch's own libuv and legacy servers in a helper Python process. Every helper kills
+Servers always run in their own process: ``ferrodist-store`` (the Rust binary, on PATH from
+``pip install`` or the scripts), or torch's own libuv and legacy servers in a helper Python
+process. Every helper kills
 what it started.
 """
 
@@ -35,11 +36,10 @@ sys.stdin.read()
 
 
 def ferrodist_store_command() -> list[str]:
-    """The ``ferrodist-store`` binary when built, else the console script's module."""
+    """The ``ferrodist-store`` binary on PATH (``pip install .`` or ``cargo build --release``)."""
     binary = shutil.which("ferrodist-store")
-    if binary:
-        return [binary]
-    return [sys.executable, "-m", "ferrodist._cli"]
+    assert binary, "ferrodist-store is not on PATH: pip install . (or cargo build --release)"
+    return [binary]
 
 
 def _read_line(proc: subprocess.Popen[str], what: str) -> str:
