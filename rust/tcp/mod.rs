@@ -29,7 +29,8 @@
 //! * `handler.rs`: one connection; `outbox.rs`: its replies not yet written.
 //! * `server.rs`: bind and accept; `shutdown.rs`: stop signal and drain.
 //! * `client.rs`: the client's protocol sequences; `client_socket.rs`: its socket, read by the
-//!   calling thread with a deadline; `store.rs` + `store_impl.rs`: the Store facade.
+//!   calling thread with a deadline; `store.rs` + `store_impl.rs`: the Store facade;
+//!   `store_barrier.rs`: its barrier on servers with and without BARRIER (torch < 2.13).
 //! * `cli.rs`: the `ferrodist-store` command line; `signals.rs`: its SIGINT/SIGTERM.
 
 pub mod cli;

@@ -100,6 +100,8 @@ pub struct TcpStore {
     timeout: Mutex<Duration>,
     conn: Mutex<Option<Client>>,
     server: Option<Arc<Server>>,
+    /// Whether the server handles BARRIER (torch < 2.13 does not); see `store_barrier.rs`.
+    barrier_support: store_barrier::BarrierSupport,
 }
 
 fn wire(key: &str) -> Bytes {
@@ -157,6 +159,7 @@ impl TcpStore {
             timeout: Mutex::new(options.timeout),
             conn: Mutex::new(Some(client)),
             server,
+            barrier_support: Default::default(),
         };
         if let (Some(world_size), true) = (options.world_size, options.wait_for_workers) {
             store.raw_add(WORKER_COUNTER_KEY, 1)?;
@@ -314,3 +317,6 @@ fn expect_value(reply: Option<Reply>) -> Result<Vec<u8>> {
 
 #[path = "store_impl.rs"]
 mod store_impl;
+
+#[path = "store_barrier.rs"]
+mod store_barrier;

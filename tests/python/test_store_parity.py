@@ -184,6 +184,8 @@ def test_bad_inputs_raise_torchs_classes(impl: ModuleType) -> None:
 
 
 def test_a_reused_collective_key_is_a_runtime_error(impl: ModuleType) -> None:
+    if impl is tdist and not hasattr(tdist, "_StoreCollectives"):
+        pytest.skip("this torch has no _StoreCollectives (2.15 removed it)")
     cls = tdist._StoreCollectives if impl is tdist else ferrodist.StoreCollectives
     collectives = cls(impl.HashStore(), 0, 1)
     collectives.broadcast_send("key", b"x", timedelta(seconds=1))
