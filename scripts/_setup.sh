@@ -28,7 +28,7 @@ fi
 export VIRTUAL_ENV=$VENV
 export PATH=$VENV/bin:$REPO/target/release:$PATH
 echo "== building ferrodist (maturin: the extension; cargo: ferrodist-store)"
-(cd "$REPO" && maturin develop --skip-install -q 2>&1 | grep -v "^📦\|^🔗\|^🐍\|^✏️\|^🛠" || true)
+(cd "$REPO" && maturin develop --skip-install -q 2>&1 | grep -v "^📦\|^🔗\|^🐍\|^✏️\|^🛠\|^🍹\|^📡\|build-backend" || true)
 test -f "$REPO"/python/ferrodist/_native*.so || { echo "maturin build failed" >&2; exit 1; }
 (cd "$REPO" && cargo build --release -q --bin ferrodist-store)
 export PYTHONPATH=$REPO/python${PYTHONPATH:+:$PYTHONPATH}
