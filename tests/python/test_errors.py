@@ -13,6 +13,7 @@ from ferrodist import errors
 # torch 2.4 has no store queues, hence no QueueEmptyError of its own.
 TORCH_QUEUE_EMPTY = getattr(tdist, "QueueEmptyError", tdist.DistStoreError)
 
+
 @pytest.mark.parametrize(
     ("ours", "theirs"),
     [
