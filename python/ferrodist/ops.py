@@ -88,12 +88,19 @@ def _premul_factor(op: Any, tensor: torch.Tensor, group: Optional[ProcessGroup])
     plain members (``ReduceOp.SUM``...) are ``RedOpType`` values, which the callers filter out
     with one identity check before calling this, so a plain op costs no extra call.
     """
-    # torch 2.13 exposes .op and .factor on ReduceOp instances (its stubs do not).
+    # torch exposes .op on ReduceOp instances (its stubs do not).
     if op.__class__ is not ReduceOp or op.op != _PREMUL_SUM:  # type: ignore[attr-defined]
         return None
     if tensor.is_cuda and "nccl" in str(_tdist.get_backend(group)):
         return None
-    return op.factor
+    return _factor_of(op)
+
+
+def _factor_of(op: Any) -> Any:
+    """A ``PREMUL_SUM`` op's factor: ``op.factor`` where torch exposes it (2.13), else from the
+    op's pickled state, ``(RedOpType.PREMUL_SUM, factor)`` (torch 2.11 has no ``factor``)."""
+    factor = getattr(op, "factor", None)
+    return factor if factor is not None else op.__getstate__()[1]
 
 
 def all_reduce(
