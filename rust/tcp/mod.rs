@@ -28,7 +28,8 @@
 //! * `state.rs`: the server's shared map and queues; `waiters.rs`: who waits on which key.
 //! * `handler.rs`: one connection; `outbox.rs`: its replies not yet written.
 //! * `server.rs`: bind and accept; `shutdown.rs`: stop signal and drain.
-//! * `client.rs`: the client's protocol sequences; `client_socket.rs`: its socket, read by the
+//! * `client.rs`: the client's protocol sequences (`client_no_ping.rs`: the handshake for torch
+//!   2.4's servers, which have no PING); `client_socket.rs`: its socket, read by the
 //!   calling thread with a deadline; `store.rs` + `store_impl.rs`: the Store facade;
 //!   `store_barrier.rs`: its barrier on servers with and without BARRIER (torch < 2.13).
 //! * `cli.rs`: the `ferrodist-store` command line; `signals.rs`: its SIGINT/SIGTERM.
