@@ -55,7 +55,7 @@ from torch.distributed import (
     get_debug_level,
     group,
 )
-from torch.distributed.distributed_c10d import AllgatherOptions, GroupName
+from torch.distributed.distributed_c10d import AllgatherOptions
 
 __all__ = [
     "AllToAllOptions",
@@ -69,7 +69,6 @@ __all__ = [
     "DebugLevel",
     "GatherOptions",
     "GroupMember",
-    "GroupName",
     "ProcessGroup",
     "ProcessGroupGloo",
     "ProcessGroupMPI",

@@ -112,8 +112,10 @@ def _worker(rank: int, args: argparse.Namespace, port: int) -> None:
         loss.backward()
         opt.step()
         if step % args.log_every == 0 or step == args.steps - 1:
+            # SUM then divide: gloo in torch 2.4 has no AVG.
             mean = loss.detach().clone()
-            dist.all_reduce(mean, op=dist.ReduceOp.AVG)
+            dist.all_reduce(mean)
+            mean /= dist.get_world_size()
             if rank == 0:
                 print(f"step {step:4d}  loss {mean.item():.6f}", flush=True)
     dist.barrier()

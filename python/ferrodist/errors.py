@@ -45,8 +45,14 @@ class DistBackendError(DistError, _tdist.DistBackendError):
     """A backend (gloo, NCCL) failed; also a ``torch.distributed.DistBackendError``."""
 
 
-class QueueEmptyError(DistStoreError, _tdist.QueueEmptyError):
-    """A non-blocking ``queue_pop`` found the queue empty."""
+# Where torch has its own class (2.11 does), ours inherits it too; 2.4 has no store queues.
+_TORCH_QUEUE_EMPTY: tuple[type, ...] = (
+    (_tdist.QueueEmptyError,) if hasattr(_tdist, "QueueEmptyError") else ()
+)
+
+
+class QueueEmptyError(DistStoreError, *_TORCH_QUEUE_EMPTY):  # type: ignore[misc]
+    """A non-blocking ``queue_pop`` found the queue empty (also torch's, where it has one)."""
 
 
 class InvalidArgumentError(DistStoreError, ValueError):

@@ -21,7 +21,6 @@ from torch.distributed import (
     all_gather_coalesced,
     all_gather_into_tensor,
     all_gather_object,
-    all_gather_single,
     all_reduce_coalesced,
     all_to_all,
     all_to_all_single,
@@ -50,7 +49,6 @@ __all__ = [
     "all_gather_coalesced",
     "all_gather_into_tensor",
     "all_gather_object",
-    "all_gather_single",
     "all_reduce",
     "all_reduce_coalesced",
     "all_to_all",
@@ -68,7 +66,6 @@ __all__ = [
     "recv_object_list",
     "reduce",
     "reduce_scatter",
-    "reduce_scatter_single",
     "reduce_scatter_tensor",
     "scatter",
     "scatter_object_list",
@@ -82,7 +79,6 @@ _torch_all_reduce = _tdist.all_reduce
 _torch_reduce = _tdist.reduce
 _torch_reduce_scatter = _tdist.reduce_scatter
 _torch_reduce_scatter_tensor = _tdist.reduce_scatter_tensor
-_torch_reduce_scatter_single = _tdist.reduce_scatter_single
 
 
 def _premul_factor(op: Any, tensor: torch.Tensor, group: Optional[ProcessGroup]) -> Any:
@@ -92,12 +88,19 @@ def _premul_factor(op: Any, tensor: torch.Tensor, group: Optional[ProcessGroup])
     plain members (``ReduceOp.SUM``...) are ``RedOpType`` values, which the callers filter out
     with one identity check before calling this, so a plain op costs no extra call.
     """
-    # torch 2.13 exposes .op and .factor on ReduceOp instances (its stubs do not).
+    # torch exposes .op on ReduceOp instances (its stubs do not).
     if op.__class__ is not ReduceOp or op.op != _PREMUL_SUM:  # type: ignore[attr-defined]
         return None
     if tensor.is_cuda and "nccl" in str(_tdist.get_backend(group)):
         return None
-    return op.factor
+    return _factor_of(op)
+
+
+def _factor_of(op: Any) -> Any:
+    """A ``PREMUL_SUM`` op's factor: ``op.factor`` where torch exposes it (2.13), else from the
+    op's pickled state, ``(RedOpType.PREMUL_SUM, factor)`` (torch 2.11 has no ``factor``)."""
+    factor = getattr(op, "factor", None)
+    return factor if factor is not None else op.__getstate__()[1]
 
 
 def all_reduce(
@@ -135,6 +138,9 @@ def reduce(
         else:
             is_dst = _tdist.get_rank() == dst
         tensor = tensor.mul_(factor) if is_dst else tensor * factor
+    if group_dst is None:
+        # torch before 2.6 has no group_dst; passing it only when given keeps those working.
+        return _torch_reduce(tensor, dst, op, group, async_op)
     return _torch_reduce(tensor, dst, op, group, async_op, group_dst)
 
 
@@ -168,16 +174,21 @@ def reduce_scatter_tensor(
     return _torch_reduce_scatter_tensor(output, input, op, group, async_op)
 
 
-def reduce_scatter_single(
-    output: torch.Tensor,
-    input: torch.Tensor,
-    op: Any = _SUM,
-    group: Optional[ProcessGroup] = None,
-    async_op: bool = False,
-) -> Optional[Work]:
-    """``torch.distributed.reduce_scatter_single``; ``PREMUL_SUM`` also works on gloo."""
-    factor = _premul_factor(op, output, group) if op.__class__ is ReduceOp else None
-    if factor is not None:
-        input = input * factor
-        op = _SUM
-    return _torch_reduce_scatter_single(output, input, op, group, async_op)
+if hasattr(_tdist, "reduce_scatter_single"):  # torch >= 2.13
+    _torch_reduce_scatter_single = _tdist.reduce_scatter_single
+
+    def reduce_scatter_single(
+        output: torch.Tensor,
+        input: torch.Tensor,
+        op: Any = _SUM,
+        group: Optional[ProcessGroup] = None,
+        async_op: bool = False,
+    ) -> Optional[Work]:
+        """``torch.distributed.reduce_scatter_single``; ``PREMUL_SUM`` also works on gloo."""
+        factor = _premul_factor(op, output, group) if op.__class__ is ReduceOp else None
+        if factor is not None:
+            input = input * factor
+            op = _SUM
+        return _torch_reduce_scatter_single(output, input, op, group, async_op)
+
+    __all__ += ["reduce_scatter_single"]

@@ -27,7 +27,6 @@ from torch.distributed import (
     default_pg_timeout,
     get_backend,
     get_backend_config,
-    get_default_backend_for_device,
     get_global_rank,
     get_group_rank,
     get_node_local_rank,
@@ -46,7 +45,6 @@ from torch.distributed import (
     new_group,
     new_subgroups,
     new_subgroups_by_enumeration,
-    split_group,
     supports_complex,
 )
 
@@ -58,7 +56,6 @@ __all__ = [
     "destroy_process_group",
     "get_backend",
     "get_backend_config",
-    "get_default_backend_for_device",
     "get_global_rank",
     "get_group_rank",
     "get_node_local_rank",
@@ -78,7 +75,6 @@ __all__ = [
     "new_group",
     "new_subgroups",
     "new_subgroups_by_enumeration",
-    "split_group",
     "supports_complex",
 ]
 
@@ -122,6 +118,7 @@ def init_process_group(
     group_name: str = "",
     pg_options: Optional[Any] = None,
     device_id: Optional[Union[torch.device, int]] = None,
+    **torch_options: Any,
 ) -> None:
     """Initialize the default process group, as ``torch.distributed.init_process_group``.
 
@@ -135,6 +132,8 @@ def init_process_group(
         rank: this process's rank (-1: from the URL or environment); required with ``store``.
         store: a store every rank shares, instead of ``init_method``.
         group_name, pg_options, device_id: passed to torch unchanged.
+        torch_options: the installed torch's newer keyword arguments (``enable_reconfigure``
+            in 2.15), passed to it unchanged; one it lacks raises its ``TypeError``.
 
     Raises:
         ValueError: the default group already exists, both ``init_method`` and ``store`` were
@@ -168,6 +167,7 @@ def init_process_group(
         group_name=group_name,
         pg_options=pg_options,
         device_id=device_id,
+        **torch_options,
     )
     _default_group_stores[:] = stores
     _rendezvous_stores[:] = stores if store_given is None else []

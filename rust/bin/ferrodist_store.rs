@@ -3,12 +3,20 @@
 //! The same server a master `TCPStore` hosts in-process, for jobs that want the store to outlive
 //! any rank. Stock torch clients (`TCPStore`, `init_method="tcp://..."`, torchrun's c10d
 //! rendezvous) connect to it unchanged. It prints the address it listens on, then serves until
-//! SIGTERM or SIGINT, and drains its connections before exiting.
+//! SIGTERM or SIGINT, and drains its connections before exiting. The wheel installs this very
+//! binary (no Python in between), so it starts as fast from `pip install` as from cargo.
 
 use clap::Parser;
 use ferrodist::tcp::cli::{run_until_signal, ServerArgs};
+use ferrodist::tcp::signals;
 
 fn main() -> std::process::ExitCode {
+    // Before anything else: a SIGINT/SIGTERM from now on waits for the handlers instead of
+    // killing the server mid-start.
+    if let Err(err) = signals::hold() {
+        eprintln!("ferrodist-store: cannot hold SIGINT/SIGTERM: {err}");
+    }
+    // `--help` and `--version` end here; clap ignores a closed stdout (`| head -1`).
     let args = ServerArgs::parse();
     match run_until_signal(&args) {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -1,4 +1,5 @@
-//! Bindings for the TCP store: the `TCPStore` factory and the `ferrodist-store` entry point.
+//! Bindings for the TCP store: the `TCPStore` factory. (`ferrodist-store` is the Rust binary
+//! alone; no Python on its path.)
 //!
 //! `ferrodist.TCPStore` (python/ferrodist/tcp_store.py) is a `torch.distributed.Store` subclass
 //! that delegates to the [`PyNativeStore`] this returns; the handle keeps the connection details
@@ -11,7 +12,7 @@ use pyo3::prelude::*;
 use super::blocking::detached;
 use super::store::{PyNativeStore, Timeout};
 use crate::store::Store;
-use crate::tcp::{cli, TcpStore, TcpStoreOptions};
+use crate::tcp::{TcpStore, TcpStoreOptions};
 
 /// A connected TCP store (and its server when it is the master).
 #[pyclass(name = "TCPStoreHandle", module = "ferrodist._native", frozen)]
@@ -117,18 +118,10 @@ fn serves_port(port: u16) -> bool {
     crate::tcp::store::serves_port(port)
 }
 
-/// Runs the ``ferrodist-store`` server with ``argv`` (program name first) until SIGTERM or
-/// SIGINT; the body of the ``ferrodist-store`` console script.
-#[pyfunction]
-fn store_server_main(py: Python<'_>, argv: Vec<String>) -> PyResult<()> {
-    detached(py, || cli::main_with_args(argv))
-}
-
 /// Adds the TCP store class and functions to the module.
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyTcpStoreHandle>()?;
     m.add_function(wrap_pyfunction!(tcp_store, m)?)?;
     m.add_function(wrap_pyfunction!(serves_port, m)?)?;
-    m.add_function(wrap_pyfunction!(store_server_main, m)?)?;
     Ok(())
 }

@@ -1,8 +1,10 @@
-//! The `ferrodist-store` command line, shared by the cargo binary and the `ferrodist-store`
-//! console script the wheel installs (a Python entry point that calls [`main_with_args`]), so
-//! both run exactly the same server.
+//! The `ferrodist-store` command line: arguments, logging, and the run until a signal.
+//!
+//! The binary is the only way the server is started on its own (the wheel ships it as a
+//! script), so nothing on this path loads Python or torch: it is listening within milliseconds
+//! of `exec` and idles in a few MB.
 
-use std::io::Write;
+use std::io::{IsTerminal, Write};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -10,6 +12,7 @@ use clap::Parser;
 
 use super::codec::Limits;
 use super::server::{Server, ServerConfig};
+use super::signals::Termination;
 use super::store::WORKER_COUNTER_KEY;
 use crate::error::{Error, Result};
 
@@ -36,6 +39,9 @@ pub struct ServerArgs {
     /// Log filter for tracing (`error`, `warn`, `info`, `debug`, `trace` or a directive).
     #[arg(long, default_value = "info")]
     pub log_level: String,
+    /// Log line format on stderr: `text`, or `json` (one object per line) for log shippers.
+    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
     /// Largest value accepted, in bytes; a larger one closes that connection.
     #[arg(long, default_value_t = Limits::default().max_value_bytes)]
     pub max_value_bytes: u64,
@@ -44,43 +50,40 @@ pub struct ServerArgs {
     pub max_request_bytes: u64,
 }
 
+/// How log lines are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines, coloured only when stderr is a terminal and `NO_COLOR` is unset.
+    Text,
+    /// One JSON object per line, for log shippers.
+    Json,
+}
+
+/// Whether text logs get colour escapes: only on a terminal, and never with `NO_COLOR` set
+/// (<https://no-color.org>), so a log redirected to a file stays plain text.
+fn colour_logs() -> bool {
+    std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
+}
+
 /// Sets up tracing to stderr at `level` (ignored if a subscriber is already installed).
-pub fn init_logging(level: &str) {
+pub fn init_logging(level: &str, format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_new(level)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let _ = tracing_subscriber::fmt()
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .try_init();
-}
-
-/// SIGTERM and SIGINT handlers, installed when built (so no signal is lost after that).
-struct Termination {
-    term: tokio::signal::unix::Signal,
-    int: tokio::signal::unix::Signal,
-}
-
-impl Termination {
-    fn install() -> Result<Termination> {
-        use tokio::signal::unix::{signal, SignalKind};
-        Ok(Termination {
-            term: signal(SignalKind::terminate())?,
-            int: signal(SignalKind::interrupt())?,
-        })
-    }
-
-    /// Resolves with the signal's name once one arrives.
-    async fn received(&mut self) -> &'static str {
-        tokio::select! {
-            _ = self.term.recv() => "SIGTERM",
-            _ = self.int.recv() => "SIGINT",
-        }
-    }
+        .with_writer(std::io::stderr);
+    let _ = match format {
+        LogFormat::Text => builder.with_ansi(colour_logs()).try_init(),
+        LogFormat::Json => builder.json().with_ansi(false).try_init(),
+    };
 }
 
 /// Runs the server described by `args` until SIGTERM or SIGINT, then drains it.
+///
+/// Call [`super::signals::hold`] first thing in `main`: the handlers are installed here, and a signal
+/// that arrives before that is kept for them rather than killing the process.
 pub fn run_until_signal(args: &ServerArgs) -> Result<()> {
-    init_logging(&args.log_level);
+    init_logging(&args.log_level, args.log_format);
     let timeout = Duration::try_from_secs_f64(args.timeout)
         .map_err(|_| Error::InvalidArgument(format!("--timeout: bad seconds {}", args.timeout)))?;
     let config = ServerConfig {
@@ -94,14 +97,14 @@ pub fn run_until_signal(args: &ServerArgs) -> Result<()> {
         expected_clients: args.world_size,
         ..ServerConfig::default()
     };
-    crate::runtime::runtime().block_on(async {
-        // Signal handlers first, so a signal right after the address is printed is not lost.
-        let mut stop = Termination::install()?;
+    let runtime = crate::runtime::runtime();
+    let _entered = runtime.enter();
+    // On this (the main) thread, inside the runtime: handlers first, then the held signals
+    // are let through, so one sent at any point since exec is acted on.
+    let mut stop = Termination::install()?;
+    runtime.block_on(async {
         let server = Server::start(&config)?;
-        let mut out = std::io::stdout().lock();
-        writeln!(out, "ferrodist-store listening on {}", server.local_addr())?;
-        out.flush()?;
-        drop(out);
+        announce(&server.local_addr().to_string());
         if let Some(world_size) = args.world_size {
             tokio::spawn(log_when_joined(server.db().clone(), world_size, timeout));
         }
@@ -110,6 +113,17 @@ pub fn run_until_signal(args: &ServerArgs) -> Result<()> {
         server.shutdown(Duration::from_secs(5)).await;
         Ok(())
     })
+}
+
+/// Prints the address line on stdout for whoever started the server. A closed or broken
+/// stdout (`ferrodist-store | head -1` after `head` exits, `>&-`) is no reason to stop
+/// serving: the server logs its address too, so this only warns.
+fn announce(addr: &str) {
+    let mut out = std::io::stdout().lock();
+    let printed = writeln!(out, "ferrodist-store listening on {addr}").and_then(|()| out.flush());
+    if let Err(err) = printed {
+        tracing::warn!(%err, "could not print the address on stdout; serving anyway");
+    }
 }
 
 async fn log_when_joined(db: crate::store::db::Db, world_size: u64, timeout: Duration) {
@@ -129,18 +143,5 @@ async fn log_when_joined(db: crate::store::db::Db, world_size: u64, timeout: Dur
             joined = %String::from_utf8_lossy(&db.get(&key)),
             "not every client joined within the timeout"
         ),
-    }
-}
-
-/// Parses `argv` (program name first) and runs the server; the console script's body.
-pub fn main_with_args(argv: Vec<String>) -> Result<()> {
-    match ServerArgs::try_parse_from(argv) {
-        Ok(args) => run_until_signal(&args),
-        Err(help) if !help.use_stderr() => {
-            // --help / --version: print and succeed, as the binary does.
-            print!("{help}");
-            Ok(())
-        }
-        Err(err) => Err(Error::InvalidArgument(err.render().to_string())),
     }
 }

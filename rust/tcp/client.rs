@@ -36,6 +36,9 @@ use super::codec::{
 use crate::error::{Error, Result};
 use crate::store::Deadline;
 
+#[path = "client_no_ping.rs"]
+mod no_ping;
+
 /// First reconnect delay, as torch's client.
 const BACKOFF_START: Duration = Duration::from_millis(500);
 /// Longest reconnect delay, as torch's client.
@@ -185,7 +188,9 @@ impl Client {
             let attempt = stream
                 .and_then(|s| ClientSocket::new(s, deadline.timeout()))
                 .map_err(io)
-                .and_then(|socket| Client::handshake(socket, format!("{host}:{port}"), deadline));
+                .and_then(|socket| Client::handshake(socket, format!("{host}:{port}"), deadline))
+                // A torch 2.4 server closes the connection on PING: once more without it.
+                .or_else(|e| no_ping::without_ping(e, addr, format!("{host}:{port}"), deadline));
             match attempt {
                 Ok(client) => return Ok(client),
                 Err(err) => last = err,

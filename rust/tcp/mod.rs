@@ -22,17 +22,20 @@
 //! * [`shutdown`]: the stop signal and drain used by the server.
 //! * [`log_budget`]: at most so many warnings a second from one call site.
 //! * [`handshake_deadline`]: closes connections that never send VALIDATE.
-//! * [`cli`]: `ServerArgs` and `run_until_signal`, shared by the binary and the console script.
+//! * [`cli`]: `ServerArgs` and `run_until_signal`, the body of the `ferrodist-store` binary.
+//! * [`signals`]: SIGINT/SIGTERM held from `main`'s first instant until the handlers exist.
 //!
 //! # Files
 //!
 //! * `codec/`: wire format (`request.rs`, `reply.rs`, shared primitives in `mod.rs`).
 //! * `handler.rs`: one connection; `outbox.rs`: its replies not yet written.
 //! * `server.rs`: bind and accept; `shutdown.rs`: stop signal and drain.
-//! * `client.rs`: the client's protocol sequences; `client_socket.rs`: its socket, read by the
+//! * `client.rs`: the client's protocol sequences (`client_no_ping.rs`: the handshake for torch
+//!   2.4's servers, which have no PING); `client_socket.rs`: its socket, read by the
 //!   calling thread with a deadline; `store.rs` + `store_impl.rs`: the Store facade;
+//!   `store_barrier.rs`: its barrier on servers with and without BARRIER (torch < 2.13);
 //!   `conn_pool.rs`: its connections.
-//! * `cli.rs`: the `ferrodist-store` command line (binary and console script).
+//! * `cli.rs`: the `ferrodist-store` command line; `signals.rs`: its SIGINT/SIGTERM.
 
 pub mod cli;
 pub mod client;
@@ -45,6 +48,7 @@ pub mod log_budget;
 pub mod outbox;
 pub mod server;
 pub mod shutdown;
+pub mod signals;
 pub mod store;
 
 pub use crate::store::db::Db;

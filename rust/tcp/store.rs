@@ -101,6 +101,8 @@ pub struct TcpStore {
     timeout: Mutex<Duration>,
     conns: ConnPool,
     server: Option<Arc<Server>>,
+    /// Whether the server handles BARRIER (torch < 2.13 does not); see `store_barrier.rs`.
+    barrier_support: store_barrier::BarrierSupport,
 }
 
 fn wire(key: &str) -> Bytes {
@@ -158,6 +160,7 @@ impl TcpStore {
             timeout: Mutex::new(options.timeout),
             conns: ConnPool::new(&options.host, port, Some(client)),
             server,
+            barrier_support: Default::default(),
         };
         if let (Some(world_size), true) = (options.world_size, options.wait_for_workers) {
             store.raw_add(WORKER_COUNTER_KEY, 1)?;
@@ -313,3 +316,6 @@ fn expect_value(reply: Option<Reply>) -> Result<Vec<u8>> {
 
 #[path = "store_impl.rs"]
 mod store_impl;
+
+#[path = "store_barrier.rs"]
+mod store_barrier;

@@ -69,6 +69,7 @@ impl TcpStore {
             timeout: std::sync::Mutex::new(timeout),
             conns: crate::tcp::conn_pool::ConnPool::new(&self.host, self.port, Some(client)),
             server: self.server.clone(),
+            barrier_support: Default::default(),
         })
     }
 }
@@ -216,21 +217,7 @@ impl Store for TcpStore {
     }
 
     fn barrier(&self, key: &str, world_size: i64, timeout: Option<Duration>) -> Result<()> {
-        let timeout = timeout.unwrap_or_else(|| self.timeout());
-        let bound = (!timeout.is_zero()).then_some(timeout);
-        let wire_key = wire(key);
-        let limit = bound.map_or(Duration::ZERO, |t| t + super::CANCEL_GRACE);
-        let released = self.run(Some(limit), |c, d| {
-            c.barrier(d, wire_key, world_size, bound)
-        })?;
-        if released {
-            Ok(())
-        } else {
-            Err(Error::Timeout {
-                op: "barrier".into(),
-                after: timeout,
-                detail: format!("key: {key}"),
-            })
-        }
+        // BARRIER where the server has it, torch's add + wait otherwise (store_barrier.rs).
+        self.barrier_any(key, world_size, timeout)
     }
 }

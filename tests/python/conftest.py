@@ -6,6 +6,14 @@ import socket
 
 import pytest
 import torch
+from torch.torch_version import TorchVersion
+
+# The torch side of the parity scenarios (test_store_parity, test_store_dropin) asserts torch's
+# behaviour as documented for 2.11-2.15. torch 2.4 differs in ways no attribute reveals (its
+# servers close the connection on PING, a failed bind is a bare RuntimeError, world_size=0
+# segfaults), so there only ferrodist's side runs; it must still behave as the documented torch.
+TORCH_SIDE_SKIPPED = TorchVersion(torch.__version__) < (2, 11)
+TORCH_SIDE_REASON = "torch < 2.11 differs from the documented behaviour this scenario asserts"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -12,6 +12,7 @@ from datetime import timedelta
 import pytest
 import torch
 import torch.distributed as tdist
+from conftest import TORCH_SIDE_SKIPPED
 
 import ferrodist
 
@@ -47,8 +48,10 @@ def test_port_zero_picks_a_free_port_and_properties_match_torch() -> None:
 def test_bad_arguments_raise_what_torch_raises(kwargs: dict[str, object], error: type) -> None:
     args: dict[str, object] = {"host_name": "127.0.0.1", "port": 0, "is_master": True}
     args.update(kwargs)
-    with pytest.raises(error):
-        tdist.TCPStore(**args)  # type: ignore[arg-type]
+    # torch 2.4's TCPStore segfaults on world_size=0 (see conftest.TORCH_SIDE_SKIPPED).
+    if not (TORCH_SIDE_SKIPPED and kwargs == {"world_size": 0}):
+        with pytest.raises(error):
+            tdist.TCPStore(**args)  # type: ignore[arg-type]
     with pytest.raises(error):
         ferrodist.TCPStore(**args)  # type: ignore[arg-type]
 

@@ -48,9 +48,15 @@ def _keys_on(port: int) -> list[str]:
 
 def test_init_process_group_tcp_url_against_ferrodist_store() -> None:
     # torch's agent-store mode: every rank is a client of the running server (rank 0 does not
-    # try to host one).
-    env = {**os.environ, "TORCHELASTIC_USE_AGENT_STORE": "True"}
+    # try to host one). torch 2.15 honours it only for the agent's own MASTER_ADDR:MASTER_PORT,
+    # which torchrun exports alongside it.
     with ferrodist_store() as server:
+        env = {
+            **os.environ,
+            "TORCHELASTIC_USE_AGENT_STORE": "True",
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(server.port),
+        }
         procs = [
             subprocess.Popen(
                 [sys.executable, "-c", WORKER, str(rank), str(server.port), str(WORLD)],
