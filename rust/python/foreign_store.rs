@@ -8,8 +8,9 @@
 //!
 //! * an interruption (`KeyboardInterrupt`, `SystemExit`: not an `Exception`) is parked and
 //!   raised again unchanged when the call returns to Python;
-//! * torch's `QueueEmptyError`, `NotImplementedError` (or a missing method), `TimeoutError`,
-//!   `DistNetworkError` and `ValueError` map onto the matching core error;
+//! * torch's `QueueEmptyError`, `NotImplementedError` (or a missing method),
+//!   `DistNetworkError`, `TimeoutError` and `ValueError` map onto the matching core error, in
+//!   that order;
 //! * any other `RuntimeError` from a call that waits (get, wait, multi_get, a blocking
 //!   queue_pop, barrier) is a timeout if, and only if, the call's timeout had passed when it
 //!   raised. torch's stores raise their timeouts in that family (HashStore's and TCPStore's
@@ -123,6 +124,10 @@ fn from_python(py: Python<'_>, op: &str, err: PyErr, passed: Option<Duration>) -
         || value.is_instance_of::<PyAttributeError>()
     {
         Error::NotImplemented(message)
+    } else if is_torch("DistNetworkError") {
+        // Before the clock: a connection that broke as the wait ran out is still a network
+        // failure.
+        Error::Network(message)
     } else if value.is_instance_of::<PyTimeoutError>()
         || (passed.is_some() && value.is_instance_of::<PyRuntimeError>())
     {
@@ -131,8 +136,6 @@ fn from_python(py: Python<'_>, op: &str, err: PyErr, passed: Option<Duration>) -
             after: passed.unwrap_or_default(),
             detail: message,
         }
-    } else if is_torch("DistNetworkError") {
-        Error::Network(message)
     } else if value.is_instance_of::<PyValueError>() {
         Error::InvalidArgument(message)
     } else {
