@@ -35,6 +35,11 @@ pub enum Error {
     /// Connecting, binding or another network step failed.
     #[error("{0}")]
     Network(String),
+    /// A network step passed its deadline: connecting, resolving, or a reply that never came.
+    /// Python sees a `DistNetworkError` (what torch raises for its connect timeout) that is also
+    /// a `TimeoutError`.
+    #[error("{0}")]
+    NetworkTimeout(String),
     /// An OS-level I/O failure not covered by a more specific variant.
     #[error(transparent)]
     Io(#[from] std::io::Error),

@@ -47,6 +47,7 @@ from ferrodist.errors import (
     FerrodistError,
     InvalidArgumentError,
     InvalidInputError,
+    NetworkTimeoutError,
     QueueEmptyError,
     StoreTimeoutError,
 )
@@ -76,6 +77,7 @@ __all__ = [
     "InvalidArgumentError",
     "InvalidInputError",
     "Logger",
+    "NetworkTimeoutError",
     "PrefixStore",
     "QueueEmptyError",
     "Reducer",

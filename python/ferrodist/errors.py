@@ -20,6 +20,7 @@ __all__ = [
     "InvalidArgumentError",
     # --- collectives ---
     "InvalidInputError",
+    "NetworkTimeoutError",
     "QueueEmptyError",
     "StoreTimeoutError",
 ]
@@ -72,6 +73,14 @@ class StoreTimeoutError(DistStoreError, TimeoutError):
 
     Caught by ``except torch.distributed.DistStoreError`` (as torch's own timeouts are) and by
     ``except TimeoutError``.
+    """
+
+
+class NetworkTimeoutError(DistNetworkError, TimeoutError):
+    """A network step passed its deadline: connecting to the store, or a reply that never came.
+
+    A ``torch.distributed.DistNetworkError``, as torch raises for its connect timeout, and a
+    ``TimeoutError``, so code that catches either sees it.
     """
 
 

@@ -19,6 +19,7 @@ use crate::error::Error;
 
 pyo3::import_exception!(ferrodist.errors, DistStoreError);
 pyo3::import_exception!(ferrodist.errors, DistNetworkError);
+pyo3::import_exception!(ferrodist.errors, NetworkTimeoutError);
 pyo3::import_exception!(ferrodist.errors, StoreTimeoutError);
 pyo3::import_exception!(ferrodist.errors, ConnectionClosedError);
 pyo3::import_exception!(ferrodist.errors, QueueEmptyError);
@@ -44,6 +45,7 @@ pub fn to_py(err: Error) -> PyErr {
             ConnectionClosedError::new_err(message)
         }
         Error::Network(_) => DistNetworkError::new_err(message),
+        Error::NetworkTimeout(_) => NetworkTimeoutError::new_err(message),
         Error::Io(io) => PyOSError::new_err((io.raw_os_error().unwrap_or(0), io.to_string())),
         Error::InvalidArgument(_) => InvalidArgumentError::new_err(message),
         Error::QueueEmpty => QueueEmptyError::new_err(message),

@@ -130,7 +130,7 @@ fn resolve(host: &str, port: u16, deadline: Deadline) -> Result<Vec<SocketAddr>>
     match found {
         Some(Ok(addrs)) => Ok(addrs),
         Some(Err(e)) => Err(Error::Network(format!("resolving {host}: {e}"))),
-        None => Err(Error::Network(format!("resolving {host} timed out"))),
+        None => Err(Error::NetworkTimeout(format!("resolving {host} timed out"))),
     }
 }
 
@@ -156,7 +156,7 @@ impl Client {
             match deadline.remaining() {
                 Some(left) if left.is_zero() => {
                     tracing::debug!(%last, attempts, "giving up connecting");
-                    return Err(Error::Network(format!(
+                    return Err(Error::NetworkTimeout(format!(
                         "The client socket has timed out after {}ms while trying to connect \
                          to ({host}, {port}): {attempts} attempts over {}ms. Last error: {last}",
                         deadline.timeout().as_millis(),
@@ -180,7 +180,9 @@ impl Client {
             let io = |e: std::io::Error| Error::Network(format!("connecting to {addr}: {e}"));
             let stream = match deadline.remaining() {
                 Some(left) if left.is_zero() => {
-                    return Err(Error::Network(format!("connecting to {addr} timed out")))
+                    return Err(Error::NetworkTimeout(format!(
+                        "connecting to {addr} timed out"
+                    )))
                 }
                 Some(left) => TcpStream::connect_timeout(&addr, left),
                 None => TcpStream::connect(addr),
@@ -249,7 +251,7 @@ impl Client {
     }
 
     fn passed_deadline(&self) -> Error {
-        Error::Network(format!(
+        Error::NetworkTimeout(format!(
             "no reply from the store at {} within {}ms",
             self.peer,
             self.deadline.timeout().as_millis()

@@ -29,6 +29,8 @@ TORCH_QUEUE_EMPTY = getattr(tdist, "QueueEmptyError", tdist.DistStoreError)
         (errors.StoreTimeoutError, TimeoutError),
         (errors.ConnectionClosedError, tdist.DistNetworkError),
         (errors.ConnectionClosedError, ConnectionError),
+        (errors.NetworkTimeoutError, tdist.DistNetworkError),
+        (errors.NetworkTimeoutError, TimeoutError),
         (errors.DistError, RuntimeError),
     ],
 )

@@ -264,3 +264,14 @@ def test_a_store_keeps_working_in_the_parent_and_a_forked_child() -> None:
     assert store.get("from-child") == b"2"
     store.set("parent-again", "3")
     assert store.get("parent-again") == b"3", "the child did not disturb the parent's stream"
+
+
+def test_a_connect_timeout_is_a_network_error_and_a_timeout() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    with pytest.raises(ferrodist.NetworkTimeoutError) as caught:
+        ferrodist.TCPStore("127.0.0.1", port, timeout=timedelta(seconds=0.3))
+    assert isinstance(caught.value, tdist.DistNetworkError)  # torch's class for this
+    assert isinstance(caught.value, TimeoutError)
+    assert "has timed out after 300ms while trying to connect" in str(caught.value)
