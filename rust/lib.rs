@@ -19,6 +19,8 @@
 //! * `python` (feature `python`): PyO3 wrappers only: convert arguments, release the GIL, call
 //!   the core, convert the result.
 //! * [`partition`]: ZeRO's sorted-greedy parameter partition across ranks.
+//! * [`readiness`]: DDP's per-gradient bookkeeping: which buckets may launch as gradients
+//!   arrive, arrival order, the local used map.
 
 pub mod error;
 pub mod runtime;
@@ -31,6 +33,9 @@ pub mod collectives;
 
 // --- zero ---
 pub mod partition;
+
+// --- ddp ---
+pub mod readiness;
 
 #[cfg(feature = "python")]
 pub mod python;

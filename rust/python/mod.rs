@@ -17,6 +17,8 @@ mod collectives;
 
 // --- zero ---
 mod partition;
+// --- ddp ---
+mod readiness;
 
 use pyo3::prelude::*;
 
@@ -36,5 +38,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     // --- collectives ---
     bucket::register(m)?;
     collectives::register(m)?;
+    // --- ddp ---
+    readiness::register(m)?;
     Ok(())
 }
