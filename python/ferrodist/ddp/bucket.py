@@ -65,11 +65,10 @@ class Bucket:
         members = [params[i] for i in variable_indices]
         dtypes = {p.dtype for p in members}
         devices = {p.device for p in members}
-        if len(dtypes) != 1 or len(devices) != 1:
-            raise RuntimeError(
-                "All parameters of a bucket must share one dtype and one device, got dtypes "
-                f"{sorted(map(str, dtypes))} and devices {sorted(map(str, devices))}."
-            )
+        if len(dtypes) != 1:
+            raise RuntimeError("All parameters in a bucket must have the same dtype.")
+        if len(devices) != 1:
+            raise RuntimeError("All parameters in a bucket must be placed on the same device.")
         offsets, lengths, sizes = [], [], []
         total = 0
         for p in members:

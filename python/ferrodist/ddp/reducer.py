@@ -153,7 +153,7 @@ class Reducer(ReducerJoinSupport):
     def prepare_for_forward(self) -> None:
         """Count the iteration and stamp the forward start."""
         self._num_iterations += 1
-        self.times.forward_start = time.perf_counter_ns()
+        self.times.forward_start = time.time_ns()
 
     def prepare_for_backward(
         self, outputs: Union[torch.Tensor, Sequence[torch.Tensor]] = ()
@@ -167,7 +167,7 @@ class Reducer(ReducerJoinSupport):
         if isinstance(outputs, torch.Tensor):
             outputs = [outputs]
         self._ensure_prior_reduction_finished()
-        self.times.backward_compute_start = time.perf_counter_ns()
+        self.times.backward_compute_start = time.time_ns()
         self.times.comm_start = 0
         if self._static_graph:
             self._num_bwd_calls += 1
@@ -175,6 +175,7 @@ class Reducer(ReducerJoinSupport):
             used = reachable_parameters(outputs)
             self._unused = [i for i, p in enumerate(self._params) if id(p) not in used]
         self._set_mode(armed=True)
+        self._num_buckets_reduced = 0
         for bucket in self._buckets:
             bucket.future = None
 
@@ -255,7 +256,7 @@ class Reducer(ReducerJoinSupport):
 
     def _all_reduce_bucket(self, b: int) -> None:
         if self.times.comm_start == 0:
-            self.times.comm_start = time.perf_counter_ns()
+            self.times.comm_start = time.time_ns()
         bucket = self._buckets[b]
         self._num_buckets_reduced += 1
         bucket.future = self._run_comm_hook(
@@ -266,7 +267,7 @@ class Reducer(ReducerJoinSupport):
         """Run the registered hook (or the default sum all-reduce) on one bucket."""
         if self._comm_hook is None:
             return comm_hook.allreduce_sum_future(self._process_group, grad_bucket.buffer())
-        return self._comm_hook(grad_bucket)
+        return comm_hook.checked_future(self._comm_hook(grad_bucket))
 
     @property
     def _local_used(self) -> torch.Tensor:
@@ -289,14 +290,14 @@ class Reducer(ReducerJoinSupport):
         )
 
     def _end_of_backward(self) -> None:
-        self.times.backward_compute_end = time.perf_counter_ns()
+        self.times.backward_compute_end = time.time_ns()
         if self._static_graph and self._should_rebuild():
             self._readiness.extend_rebuild_order(self._unused)
         self._finalize_backward()
 
     def _delay_all_reduce(self) -> None:
         """Static graph, first iteration: reduce every bucket once backward has finished."""
-        self.times.backward_compute_end = time.perf_counter_ns()
+        self.times.backward_compute_end = time.time_ns()
         self._all_reduce_local_used_map()
         self._unused = self._readiness.never_hooked()
         run = self._readiness.mark_all()
@@ -325,7 +326,7 @@ class Reducer(ReducerJoinSupport):
             self._readiness.clear_used()
         self._div_factor = None
         self._forward_work = None
-        self.times.comm_end = time.perf_counter_ns()
+        self.times.comm_end = time.time_ns()
 
     def _globally_unused(self) -> frozenset[int]:
         """Parameters no rank used this iteration (only tracked with find_unused/static)."""
@@ -350,7 +351,10 @@ class Reducer(ReducerJoinSupport):
                 if kind == "builtin"
                 else ("register_comm_hook", "register_builtin_comm_hook")
             )
-            raise RuntimeError(f"{first} or {second} can only be called once.")
+            message = f"{first} or {second} can only be called once."
+            if self.logger is not None:
+                self.logger.set_error_and_log(message)
+            raise RuntimeError(message)
         self._comm_hook = hook
         self._comm_hook_kind = kind
 
