@@ -23,10 +23,14 @@ from ferrodist.nn import DistributedDataParallel as FerroDDP
 
 
 class Net(nn.Module):
-    """MLP with an optional unused layer, an optional tied weight and a BatchNorm buffer."""
+    """MLP with an optional unused layer, an optional tied weight, a BatchNorm buffer and a
+    sparse embedding in front."""
 
-    def __init__(self, unused: bool = False, tied: bool = False, bn: bool = False) -> None:
+    def __init__(
+        self, unused: bool = False, tied: bool = False, bn: bool = False, sparse: bool = False
+    ) -> None:
         super().__init__()
+        self.emb = nn.Embedding(40, 16, sparse=True) if sparse else None
         self.inp = nn.Linear(16, 64)
         self.bn = nn.BatchNorm1d(64) if bn else None
         self.mid = nn.Linear(64, 64)
@@ -37,6 +41,8 @@ class Net(nn.Module):
         self.spare = nn.Linear(64, 64) if unused else None
 
     def forward(self, x: torch.Tensor, use_spare: bool = False) -> torch.Tensor:
+        if self.emb is not None:
+            x = x + self.emb((x.abs() * 7).long() % 40).mean(1)
         h = torch.relu(self.inp(x))
         if self.bn is not None:
             h = self.bn(h)
@@ -263,6 +269,15 @@ SCENARIOS: dict[str, Callable[[], dict[str, Any]]] = {
         ddp={"bucket_cap_mb": 0.01, "gradient_as_bucket_view": True},
         hook="fp16_compress_wrapper",
         swap_hooks=True,
+    ),
+    "sparse": lambda: run(model={"sparse": True}, ddp={"bucket_cap_mb": 0.01}),
+    "sparse_hook": lambda: run(
+        model={"sparse": True}, ddp={"bucket_cap_mb": 0.01}, hook="allreduce_hook", record=True
+    ),
+    "sparse_find_unused": lambda: run(
+        model={"sparse": True, "unused": True},
+        ddp={"find_unused_parameters": True},
+        spare_on_rank=1,
     ),
     "subgroup": subgroup,
     "join_uneven": uneven_join,

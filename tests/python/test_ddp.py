@@ -81,6 +81,9 @@ BITWISE = [
     "static_graph",
     "fp16_compress",
     "fp16_wrapper_swapped",
+    "sparse",
+    "sparse_hook",
+    "sparse_find_unused",
     "subgroup",
     "join_uneven",
     "join_uneven_dynamic_divisor",
@@ -113,7 +116,9 @@ def test_ranks_end_with_the_same_model(reports: dict[int, dict[str, Any]]) -> No
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("scenario", ["allreduce_hook_layout", "unused_find", "static_graph"])
+@pytest.mark.parametrize(
+    "scenario", ["allreduce_hook_layout", "unused_find", "static_graph", "sparse_hook"]
+)
 def test_hooks_see_torchs_bucket_layout(reports: dict[int, dict[str, Any]], scenario: str) -> None:
     result = reports[0][scenario]
     assert result["ferrodist_layout"] == result["torch_layout"]

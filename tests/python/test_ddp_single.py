@@ -44,8 +44,6 @@ def test_module_without_trainable_parameters_is_refused(world: None) -> None:
         FerroDDP(frozen)
     with pytest.raises(ValueError, match="device_ids and output_device"):
         FerroDDP(torch.nn.Linear(2, 2), device_ids=[0])
-    with pytest.raises(NotImplementedError, match=r"sparse gradients yet \(weight\)"):
-        FerroDDP(torch.nn.Embedding(4, 2, sparse=True))
 
 
 def test_state_dict_and_attributes_match_torch(world: None) -> None:

@@ -56,13 +56,22 @@ class Bucket:
     parameters: list[torch.Tensor] = field(default_factory=list)
     #: Positions of the gradients copied one by one (at least ``SMALL_NUMEL`` elements).
     large: frozenset[int] = frozenset()
+    #: One parameter with a sparse gradient: ``buffer`` is that gradient itself, reduced as a
+    #: sparse tensor (sparse gradients cannot share a flat buffer).
+    sparse: bool = False
 
     @classmethod
     def build(
-        cls, params: Sequence[torch.Tensor], variable_indices: list[int], size_limit: int
+        cls,
+        params: Sequence[torch.Tensor],
+        variable_indices: list[int],
+        size_limit: int,
+        sparse: bool = False,
     ) -> Bucket:
         """Allocate the flat buffer for ``params[i] for i in variable_indices``."""
         members = [params[i] for i in variable_indices]
+        if sparse:
+            return cls._build_sparse(members, variable_indices, size_limit)
         dtypes = {p.dtype for p in members}
         devices = {p.device for p in members}
         if len(dtypes) != 1:
@@ -82,6 +91,29 @@ class Bucket:
         bucket.views_in = bucket.views_of(buffer)
         bucket.large = frozenset(i for i, n in enumerate(lengths) if n >= SMALL_NUMEL)
         return bucket
+
+    @classmethod
+    def _build_sparse(
+        cls, members: list[torch.Tensor], variable_indices: list[int], size_limit: int
+    ) -> Bucket:
+        if len(members) != 1:
+            raise RuntimeError("A bucket for a sparse gradient must hold exactly one parameter.")
+        (p,) = members
+        empty = torch.sparse_coo_tensor(
+            torch.empty((p.dim(), 0), dtype=torch.long, device=p.device),
+            torch.empty((0,), dtype=p.dtype, device=p.device),
+            p.shape,
+            check_invariants=True,
+        )
+        bucket = cls(variable_indices, size_limit, empty, [0], [p.numel()], [p.shape], [])
+        bucket.parameters = members
+        bucket.sparse = True
+        return bucket
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the bucket's parameters (what torch's Logger reports as its size)."""
+        return sum(self.lengths) * self.parameters[0].element_size()
 
     def views_of(self, flat: torch.Tensor) -> list[torch.Tensor]:
         """Per-parameter views of a flat tensor laid out like this bucket."""
@@ -106,6 +138,9 @@ class Bucket:
         or divided in place where ``.grad`` already is the slot (gradient_as_bucket_view).
         With ``as_bucket_view``, ``param.grad`` becomes the slot itself.
         """
+        if self.sparse:
+            self._take_sparse_grad(divide_by)
+            return
         grads: list[Optional[torch.Tensor]] = list(map(_grad_of, self.parameters))
         views = self.views_in
         if as_bucket_view and all(map(operator.is_, grads, views)):
@@ -131,6 +166,17 @@ class Bucket:
         if as_bucket_view:
             for pos in copied:
                 self.parameters[pos].grad = views[pos]
+
+    def _take_sparse_grad(self, divide_by: Optional[int]) -> None:
+        # torch divides the sparse gradient in place and reduces that very tensor
+        grad = self.parameters[0].grad
+        if grad is None:
+            raise RuntimeError("Expected sparse gradient to be defined.")
+        if grad.layout != torch.sparse_coo:
+            raise RuntimeError("Expected variable to have sparse gradient.")
+        if divide_by is not None:
+            grad.div_(divide_by)
+        self.buffer = grad
 
     def _copy_scaled(
         self, positions: Sequence[int], grads: list[torch.Tensor], divide_by: Optional[int]
@@ -174,6 +220,10 @@ class Bucket:
         becomes) the bucket view.
         """
         buffer = self.buffer
+        if self.sparse:
+            if result is not buffer:
+                buffer.copy_(result)
+            return
         if result is not buffer and (
             result.data_ptr() != buffer.data_ptr() or result.dtype != buffer.dtype
         ):

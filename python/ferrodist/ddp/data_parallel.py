@@ -163,19 +163,18 @@ class DistributedDataParallel(DDPJoinSupport, torch.nn.Module, Joinable):
 
     def _build_params_for_reducer(self) -> tuple[list[torch.nn.Parameter], list[str]]:
         seen: set[int] = set()
+        self._expect_sparse_gradient: list[bool] = []
         params, names = [], []
         for module_name, sub in self.module.named_modules():
             for param_name, p in sub.named_parameters(recurse=False):
                 fqn = f"{module_name}.{param_name}" if module_name else param_name
                 if not p.requires_grad or fqn in self.parameters_to_ignore or id(p) in seen:
                     continue
-                if isinstance(sub, (torch.nn.Embedding, torch.nn.EmbeddingBag)) and sub.sparse:
-                    raise NotImplementedError(
-                        f"ferrodist DDP does not reduce sparse gradients yet ({fqn})."
-                    )
                 seen.add(id(p))
                 params.append(p)
                 names.append(fqn)
+                sparse = isinstance(sub, (torch.nn.Embedding, torch.nn.EmbeddingBag))
+                self._expect_sparse_gradient.append(sparse and bool(sub.sparse))
         self._assign_modules_buffers()
         return params, names
 
@@ -202,13 +201,14 @@ class DistributedDataParallel(DDPJoinSupport, torch.nn.Module, Joinable):
             limits = [self._first_bucket_bytes_cap, self.bucket_bytes_cap]
         else:
             limits = [self.bucket_bytes_cap]
-        indices, per_bucket = ba.assign_buckets(parameters, limits)
+        sparse = self._expect_sparse_gradient
+        indices, per_bucket = ba.assign_buckets(parameters, limits, sparse)
         self.reducer = Reducer(
             parameters,
             list(reversed(indices)),
             list(reversed(per_bucket)),
             self.process_group,
-            [],
+            sparse,
             self.bucket_bytes_cap,
             self.find_unused_parameters,
             self.gradient_as_bucket_view,

@@ -92,9 +92,7 @@ class Logger:
             )
 
     def _bucket_sizes(self) -> str:
-        return ", ".join(
-            str(b.buffer.numel() * b.buffer.element_size()) for b in self._reducer._buckets
-        )
+        return ", ".join(str(b.nbytes) for b in self._reducer._buckets)
 
     def set_runtime_stats_and_log(self) -> None:
         """Record the previous iteration's figures, on sampled iterations only (as torch):

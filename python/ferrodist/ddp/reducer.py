@@ -59,11 +59,14 @@ class Reducer(ReducerJoinSupport):
         bucket_bytes_cap_list: Sequence[int] = (),
         batched_grad_copy: bool = False,
     ) -> None:
-        if any(expect_sparse_gradients):
-            raise NotImplementedError("ferrodist's Reducer does not reduce sparse gradients yet.")
         if len(per_bucket_size_limits) != len(bucket_indices):
             raise ValueError("per_bucket_size_limits must have one entry per bucket.")
         self._params = list(params)
+        self._expect_sparse = [bool(x) for x in expect_sparse_gradients] or [False] * len(
+            self._params
+        )
+        if len(self._expect_sparse) != len(self._params):
+            raise ValueError("expect_sparse_gradients must have one entry per parameter.")
         self._process_group = process_group
         self._bucket_bytes_cap = int(bucket_bytes_cap)
         self._first_bucket_bytes_cap = int(first_bucket_bytes_cap)
@@ -102,7 +105,9 @@ class Reducer(ReducerJoinSupport):
     ) -> None:
         self._readiness.set_buckets([list(b) for b in bucket_indices])
         self._buckets = [
-            Bucket.build(self._params, list(idx), int(lim))
+            Bucket.build(
+                self._params, list(idx), int(lim), any(self._expect_sparse[i] for i in idx)
+            )
             for idx, lim in zip(bucket_indices, limits)
         ]
         if self._as_bucket_view:
@@ -139,7 +144,10 @@ class Reducer(ReducerJoinSupport):
                 f"of: {len(order)}"
             )
         indices, limits = _bucket_assignment.assign_buckets(
-            [self._params[i] for i in order], self._bucket_limits_for_rebuild(), [], order
+            [self._params[i] for i in order],
+            self._bucket_limits_for_rebuild(),
+            self._expect_sparse,  # indexed by parameter index, as torch's
+            order,
         )
         indices, limits = broadcast_bucket_layout(
             self._process_group, indices, limits, self._params[0].device
