@@ -278,6 +278,34 @@ def shipped_hook(name: str) -> dict[str, Any]:
     return results
 
 
+def delayed_all_reduce() -> dict[str, Any]:
+    """``delay_all_reduce_named_params``: the output layer reduced in one asynchronous
+    all-reduce when ``inp.weight``'s gradient is computed (the hook runs before that gradient is
+    accumulated, so a delayed parameter must be done by then: the output layer is); a barrier
+    after backward orders it before the step (torch never waits for it)."""
+    rank = dist.get_rank()
+    torch.manual_seed(7 + rank)
+    base = Net()
+    results = {}
+    for kind, ddp_cls in (("torch", TorchDDP), ("ferrodist", FerroDDP)):
+        net = copy.deepcopy(base)
+        delayed = [(n, p) for n, p in net.named_parameters() if n.startswith("out.")]
+        wrapped = ddp_cls(
+            net,
+            bucket_cap_mb=0.01,
+            delay_all_reduce_named_params=delayed,
+            param_to_hook_all_reduce=net.inp.weight,
+        )
+        opt = torch.optim.SGD(wrapped.parameters(), lr=0.05, momentum=0.9)
+        for x in _batches(rank, 4):
+            wrapped(x).square().mean().backward()
+            dist.barrier()
+            opt.step()
+            opt.zero_grad()
+        results[kind] = {"params": {n: p.detach().clone() for n, p in net.named_parameters()}}
+    return results
+
+
 #: torch's own hooks checked through :func:`shipped_hook`.
 SHIPPED_HOOKS = (
     "powerSGD",
@@ -355,6 +383,7 @@ SCENARIOS: dict[str, Callable[[], dict[str, Any]]] = {
         ddp={"find_unused_parameters": True},
         spare_on_rank=1,
     ),
+    "delayed_all_reduce": delayed_all_reduce,
     "subgroup": subgroup,
     "join_uneven": uneven_join,
     "join_uneven_dynamic_divisor": lambda: uneven_join(divide_by_initial_world_size=False),

@@ -84,6 +84,7 @@ BITWISE = [
     "sparse",
     "sparse_hook",
     "sparse_find_unused",
+    "delayed_all_reduce",
     "subgroup",
     "join_uneven",
     "join_uneven_dynamic_divisor",

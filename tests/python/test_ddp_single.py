@@ -195,3 +195,12 @@ def test_bucket_with_mixed_dtypes_raises_torchs_error(world: None) -> None:
             cls(params, [[0, 1]], [100], tdist.group.WORLD)
         errors.append(str(raised.value))
     assert errors[0] == errors[1]
+
+
+def test_delay_all_reduce_arguments_come_in_pairs_like_torch(world: None) -> None:
+    net = _net()
+    for cls in (FerroDDP, TorchDDP):
+        with pytest.raises(ValueError, match="need to be set at the same time"):
+            cls(_net(), delay_all_reduce_named_params=[])
+        with pytest.raises(ValueError, match="need to be set at the same time"):
+            cls(net, param_to_hook_all_reduce=net[0].weight)
