@@ -155,12 +155,18 @@ def best_of(repeats: int, call: Callable[[], object]) -> float:
     return best * 1e3
 
 
-def bench_buckets(n: int, repeats: int) -> list[Row]:
+def bench_buckets(n: int, repeats: int, mixed: bool = False) -> list[Row]:
+    """Bucket assignment of ``n`` small CPU tensors; ``mixed``: float32, float16 and bfloat16
+    in turn (three groups filled side by side), else all float32."""
     rng = np.random.default_rng(0)
-    tensors = [torch.empty(int(k)) for k in rng.integers(1, 257, size=n)]
+    kinds = (torch.float32, torch.float16, torch.bfloat16) if mixed else (torch.float32,)
+    tensors = [
+        torch.empty(int(k), dtype=kinds[i % len(kinds)])
+        for i, k in enumerate(rng.integers(1, 257, size=n))
+    ]
     limits = [1 << 20, 25 << 20]
     sizes = np.array([t.nbytes for t in tensors], dtype=np.int64)
-    dtypes = np.full(n, dtype_id(torch.float32), dtype=np.int64)
+    dtypes = np.array([dtype_id(t.dtype) for t in tensors], dtype=np.int64)
     devices = np.full(n, device_id("cpu"), dtype=np.int64)
     expected = tdist._compute_bucket_assignment_by_size(tensors, limits)
     assert compute_bucket_assignment_by_size(tensors, limits) == expected
@@ -173,10 +179,11 @@ def bench_buckets(n: int, repeats: int) -> list[Row]:
         repeats,
         lambda: compute_bucket_assignment_by_size_from_metadata(sizes, dtypes, devices, limits),
     )
+    what = f"buckets, {n // 1000}k tensors{', 3 dtypes' if mixed else ''}"
     return [
-        (f"buckets, {n // 1000}k tensors: torch tensor API", base, base),
-        (f"buckets, {n // 1000}k tensors: ferrodist tensor API", tensor_api, base),
-        (f"buckets, {n // 1000}k tensors: ferrodist metadata API", metadata_api, base),
+        (f"{what}: torch tensor API", base, base),
+        (f"{what}: ferrodist tensor API", tensor_api, base),
+        (f"{what}: ferrodist metadata API", metadata_api, base),
     ]
 
 
@@ -190,6 +197,7 @@ def main() -> None:
         rows += bench_collectives(world, args.rounds)
     for n in (10_000, 100_000):
         rows += bench_buckets(n, args.repeats)
+    rows += bench_buckets(100_000, args.repeats, mixed=True)
     print("| figure | ferrodist or torch (ms) | torch (ms) | ratio |")
     print("|---|---:|---:|---:|")
     for name, value, base in rows:

@@ -13,7 +13,15 @@ all-reduce was in flight while backward still computed, and how long it ran on a
 (the exposed part); their ratio ``during / (during + after)`` is the Logger's hidden share.
 Under CPU contention (2 shared cores) the timing-based estimate above can clip to 0.
 
+``--shapes`` measures models with many parameter tensors instead (``N x Linear(w, w)``, two
+tensors per layer), each with DDP's options in turn: the default, ``find_unused_parameters``,
+``gradient_as_bucket_view`` and torch's ``allreduce_hook`` as a comm hook (each DDP gets its own
+package's hook). Both DDPs take turns step by step on the same processes; the table gives the
+median step time of each and their ratio (ferrodist / torch).
+
     ./scripts/bench benches/bench_ddp.py [--layers 8] [--width 2560] [--steps 6]
+    ./scripts/bench benches/bench_ddp.py --shapes 100x256,500x32,2000x8,5000x8 \
+        [--variants default,find_unused,bucket_view,comm_hook] [--steps 7]
 """
 
 from __future__ import annotations
@@ -40,6 +48,15 @@ def _model(layers: int, width: int) -> torch.nn.Module:
     for _ in range(layers):
         blocks += [torch.nn.Linear(width, width), torch.nn.ReLU()]
     return torch.nn.Sequential(*blocks)
+
+
+#: DDP constructor options (and comm hook) of each ``--variants`` name.
+VARIANTS: dict[str, dict[str, Any]] = {
+    "default": {},
+    "find_unused": {"find_unused_parameters": True},
+    "bucket_view": {"gradient_as_bucket_view": True},
+    "comm_hook": {"comm_hook": True},
+}
 
 
 def _timed(fn: Callable[[], Any]) -> float:
@@ -110,6 +127,84 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, queue: A
     dist.destroy_process_group()
 
 
+def _make_ddp(kind: str, model: torch.nn.Module, variant: str) -> torch.nn.Module:
+    options = dict(VARIANTS[variant])
+    hook = options.pop("comm_hook", False)
+    if kind == "torch":
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks as hooks
+
+        ddp: Any = TorchDDP(model, **options)
+    else:
+        from ferrodist.algorithms.ddp_comm_hooks import default_hooks as hooks  # type: ignore
+
+        ddp = FerroDDP(model, **options)
+    if hook:
+        ddp.register_comm_hook(None, hooks.allreduce_hook)
+    return ddp
+
+
+def _alternate_steps(
+    ddps: dict[str, torch.nn.Module], x: torch.Tensor, args: argparse.Namespace
+) -> dict[str, float]:
+    """Median step time of each DDP, the two taking turns (who goes first alternates)."""
+    optims = {k: torch.optim.SGD(m.parameters(), lr=1e-4) for k, m in ddps.items()}
+    times: dict[str, list[float]] = {k: [] for k in ddps}
+
+    def step(kind: str) -> None:
+        ddps[kind](x).square().mean().backward()
+        optims[kind].step()
+        optims[kind].zero_grad()
+
+    for round_ in range(args.warmup + args.steps):
+        order = ("torch", "ferrodist") if round_ % 2 else ("ferrodist", "torch")
+        for kind in order:
+            elapsed = _timed(lambda kind=kind: step(kind))
+            if round_ >= args.warmup:
+                times[kind].append(elapsed)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def _shapes_worker(rank: int, world: int, port: int, args: argparse.Namespace, queue: Any) -> None:
+    torch.set_num_threads(args.threads)
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
+    )
+    rows = []
+    for shape in args.shapes.split(","):
+        layers, width = (int(v) for v in shape.split("x"))
+        base = _model(layers, width)
+        x = torch.randn(args.batch, width)
+        tensors = sum(1 for _ in base.parameters())
+        for variant in args.variants.split(","):
+            ddps = {k: _make_ddp(k, copy.deepcopy(base), variant) for k in ("torch", "ferrodist")}
+            medians = _alternate_steps(ddps, x, args)
+            rows.append((f"{layers} x Linear({width}, {width})", tensors, variant, medians))
+    queue.put((rank, rows))
+    dist.destroy_process_group()
+
+
+def _run_shapes(args: argparse.Namespace, port: int) -> None:
+    ctx = mp.get_context("spawn")
+    queue = ctx.SimpleQueue()
+    procs = [ctx.Process(target=_shapes_worker, args=(r, 2, port, args, queue)) for r in range(2)]
+    for p in procs:
+        p.start()
+    results = dict(queue.get() for _ in procs)
+    for p in procs:
+        p.join(timeout=60)
+    print(
+        f"\nDDP step time (fwd+bwd+sync+SGD), world 2, gloo, batch {args.batch}, median of "
+        f"{args.steps} steps, both DDPs taking turns\n"
+    )
+    print("| model | parameter tensors | variant | torch DDP step | ferrodist DDP step | ratio |")
+    print("|---|---|---|---|---|---|")
+    for model, tensors, variant, t in results[0]:
+        print(
+            f"| {model} | {tensors:,} | {variant} | {t['torch'] * 1e3:.0f} ms | "
+            f"{t['ferrodist'] * 1e3:.0f} ms | {t['ferrodist'] / t['torch']:.2f}x |"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layers", type=int, default=8)
@@ -118,10 +213,15 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--threads", type=int, default=max(1, (os.cpu_count() or 2) // 2))
+    parser.add_argument("--shapes", default="", help="many-tensor models, e.g. 100x256,2000x8")
+    parser.add_argument("--variants", default=",".join(VARIANTS))
     args = parser.parse_args()
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
+    if args.shapes:
+        _run_shapes(args, port)
+        return
     ctx = mp.get_context("spawn")
     queue = ctx.SimpleQueue()
     procs = [ctx.Process(target=_worker, args=(r, 2, port, args, queue)) for r in range(2)]

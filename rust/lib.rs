@@ -24,6 +24,8 @@
 //! * [`partition`]: ZeRO's sorted-greedy parameter partition across ranks.
 //! * [`rendezvous`]: a rank's rendezvous join over any store, with one request per progress
 //!   report (Python only parses URLs and logs).
+//! * [`readiness`]: DDP's per-gradient bookkeeping: which buckets may launch as gradients
+//!   arrive, arrival order, the local used map.
 
 pub mod error;
 pub mod runtime;
@@ -37,6 +39,9 @@ pub mod rendezvous;
 
 // --- zero ---
 pub mod partition;
+
+// --- ddp ---
+pub mod readiness;
 
 #[cfg(feature = "python")]
 pub mod python;

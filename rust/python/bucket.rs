@@ -8,7 +8,7 @@ use pyo3::exceptions::PyTypeError;
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyBytes, PyDict, PyList, PySequence, PyTuple};
+use pyo3::types::{PyBytes, PyDict, PyList, PySequence, PyTuple, PyType};
 
 use super::blocking::detached;
 use super::errors::to_py;
@@ -161,14 +161,27 @@ fn read_metadata(
     let py = tensors.py();
     let count = tensors.len()?;
     let (mut sizes, mut keys) = (Vec::with_capacity(count), Vec::with_capacity(count));
-    let mut last_dtype: Option<(Bound<'_, PyAny>, i64)> = None;
+    // Models mix a few dtypes (float32, float16, bfloat16 ...), often in turn: a small cache
+    // of the ids seen, compared by identity (dtypes are singletons), skips the dict lookup.
+    let mut seen_dtypes: Vec<(Bound<'_, PyAny>, i64)> = Vec::with_capacity(4);
+    // `tensor.device` allocates a torch.device per call; `is_cpu` is a plain bool getter, and
+    // every CPU tensor has the same device id.
+    let cpu_id = torch_device_hash(py, "cpu")?;
+    // The exact types seen pass without `isinstance`, which goes through torch's metaclass.
+    let mut tensor_types: Vec<Bound<'_, PyType>> = Vec::with_capacity(2);
     for (i, tensor) in tensors.try_iter()?.enumerate() {
         let tensor = tensor?;
-        if !tensor.is_instance(tensor_type)? {
-            return Err(PyTypeError::new_err(format!(
-                "tensors[{i}]: expected a torch.Tensor, got {}",
-                tensor.get_type().name()?
-            )));
+        let ty = tensor.get_type();
+        if !tensor_types.iter().any(|t| t.is(&ty)) {
+            if !tensor.is_instance(tensor_type)? {
+                return Err(PyTypeError::new_err(format!(
+                    "tensors[{i}]: expected a torch.Tensor, got {}",
+                    ty.name()?
+                )));
+            }
+            if tensor_types.len() < 4 {
+                tensor_types.push(ty);
+            }
         }
         // Which facts to read is all that is decided here; torch's rules are the core's.
         let size = match tensor.getattr(intern!(py, "nbytes")) {
@@ -186,18 +199,24 @@ fn read_metadata(
         };
         let nbytes = tensor_bytes(i, size).map_err(to_py)?;
         let dtype = tensor.getattr(intern!(py, "dtype"))?;
-        let dtype_id = match &last_dtype {
-            Some((seen, id)) if seen.is(&dtype) => *id,
-            _ => {
+        let dtype_id = match seen_dtypes.iter().find(|(seen, _)| seen.is(&dtype)) {
+            Some((_, id)) => *id,
+            None => {
                 let id: i64 = match dtype_ids.get_item(&dtype)? {
                     Some(id) => id.extract()?,
                     None => dtype.hash()? as i64,
                 };
-                last_dtype = Some((dtype, id));
+                if seen_dtypes.len() < 8 {
+                    seen_dtypes.push((dtype, id));
+                }
                 id
             }
         };
-        let device = tensor.getattr(intern!(py, "device"))?.hash()? as i64;
+        let device = if tensor.getattr(intern!(py, "is_cpu"))?.is_truthy()? {
+            cpu_id
+        } else {
+            tensor.getattr(intern!(py, "device"))?.hash()? as i64
+        };
         sizes.push(nbytes);
         keys.push(GroupKey {
             dtype: dtype_id,
@@ -205,6 +224,15 @@ fn read_metadata(
         });
     }
     Ok((sizes, keys))
+}
+
+/// `hash(torch.device(name))`: torch's device id.
+fn torch_device_hash(py: Python<'_>, name: &str) -> PyResult<i64> {
+    let device = py
+        .import(intern!(py, "torch"))?
+        .getattr(intern!(py, "device"))?
+        .call1((name,))?;
+    Ok(device.hash()? as i64)
 }
 
 /// Bucket assignment from tensors (torch's signature, metadata only; data is never read).

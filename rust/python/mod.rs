@@ -18,6 +18,8 @@ mod collectives;
 
 // --- zero ---
 mod partition;
+// --- ddp ---
+mod readiness;
 
 use pyo3::prelude::*;
 
@@ -38,5 +40,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     // --- collectives ---
     bucket::register(m)?;
     collectives::register(m)?;
+    // --- ddp ---
+    readiness::register(m)?;
     Ok(())
 }

@@ -23,10 +23,14 @@ from ferrodist.nn import DistributedDataParallel as FerroDDP
 
 
 class Net(nn.Module):
-    """MLP with an optional unused layer, an optional tied weight and a BatchNorm buffer."""
+    """MLP with an optional unused layer, an optional tied weight, a BatchNorm buffer and a
+    sparse embedding in front."""
 
-    def __init__(self, unused: bool = False, tied: bool = False, bn: bool = False) -> None:
+    def __init__(
+        self, unused: bool = False, tied: bool = False, bn: bool = False, sparse: bool = False
+    ) -> None:
         super().__init__()
+        self.emb = nn.Embedding(40, 16, sparse=True) if sparse else None
         self.inp = nn.Linear(16, 64)
         self.bn = nn.BatchNorm1d(64) if bn else None
         self.mid = nn.Linear(64, 64)
@@ -37,6 +41,8 @@ class Net(nn.Module):
         self.spare = nn.Linear(64, 64) if unused else None
 
     def forward(self, x: torch.Tensor, use_spare: bool = False) -> torch.Tensor:
+        if self.emb is not None:
+            x = x + self.emb((x.abs() * 7).long() % 40).mean(1)
         h = torch.relu(self.inp(x))
         if self.bn is not None:
             h = self.bn(h)
@@ -205,6 +211,110 @@ def builtin_hook(kind_name: str) -> dict[str, Any]:
     return results
 
 
+def _shipped_hook_state(name: str, net: nn.Module) -> tuple[Any, Callable[..., Any], Any]:
+    """``(state, hook, model averager or None)`` for one of the hooks torch ships."""
+    from torch.distributed.algorithms.ddp_comm_hooks import debugging_hooks
+    from torch.distributed.algorithms.ddp_comm_hooks import optimizer_overlap_hooks as overlap
+    from torch.distributed.algorithms.ddp_comm_hooks import post_localSGD_hook as local_sgd
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as power_sgd
+    from torch.distributed.algorithms.ddp_comm_hooks import quantization_hooks as quant
+    from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
+    from torch.distributed.optim import _FunctionalSGD
+
+    if name in ("powerSGD", "batched_powerSGD"):
+        state = power_sgd.PowerSGDState(
+            process_group=None,
+            matrix_approximation_rank=2,
+            start_powerSGD_iter=2,
+            min_compression_rate=0.5,
+            use_error_feedback=True,
+            warm_start=True,
+            random_seed=3,
+        )
+        hook = power_sgd.powerSGD_hook if name == "powerSGD" else power_sgd.batched_powerSGD_hook
+        return state, hook, None
+    if name == "quantization_pertensor":
+        return None, quant.quantization_pertensor_hook, None
+    if name == "quantization_perchannel":
+        return None, quant.quantization_perchannel_hook, None
+    if name == "post_localSGD":
+        subgroup, _ = dist.new_subgroups(group_size=1)
+        state = local_sgd.PostLocalSGDState(
+            process_group=None, subgroup=subgroup, start_localSGD_iter=2
+        )
+        return state, local_sgd.post_localSGD_hook, PeriodicModelAverager(period=2, warmup_steps=2)
+    if name == "noop":
+        return None, debugging_hooks.noop_hook, None
+    if name == "hook_then_optimizer":
+        functional = _FunctionalSGD([], lr=0.05, _allow_empty_param_list=True)
+        optim_state = overlap._OptimizerHookState(functional, None)
+        return None, overlap._hook_then_optimizer(torch_hooks.allreduce_hook, optim_state), None
+    raise KeyError(name)
+
+
+def shipped_hook(name: str) -> dict[str, Any]:
+    """One of torch's own comm hooks registered on both DDPs (world-size-dependent math)."""
+    rank = dist.get_rank()
+    torch.manual_seed(7 + rank)
+    base = Net()
+    results = {}
+    for kind, ddp_cls in (("torch", TorchDDP), ("ferrodist", FerroDDP)):
+        net = copy.deepcopy(base)
+        # PowerSGD issues collectives from future callbacks: with several buckets their order
+        # differs across ranks and gloo hangs, under torch's DDP as under ours; one bucket here
+        cap = 25 if "powerSGD" in name else 0.01
+        wrapped = ddp_cls(net, bucket_cap_mb=cap)
+        state, hook, averager = _shipped_hook_state(name, net)
+        wrapped.register_comm_hook(state, hook)
+        opt = torch.optim.SGD(wrapped.parameters(), lr=0.05)
+        for x in _batches(rank, 5):
+            wrapped(x).square().mean().backward()
+            if name != "hook_then_optimizer":  # that hook has already stepped
+                opt.step()
+            if averager is not None:  # averages the parameters that have a gradient
+                averager.average_parameters(list(net.parameters()))
+            opt.zero_grad()
+        results[kind] = {"params": {n: p.detach().clone() for n, p in net.named_parameters()}}
+    return results
+
+
+def delayed_all_reduce() -> dict[str, Any]:
+    """``delay_all_reduce_named_params``: the output layer reduced in one asynchronous
+    all-reduce when ``inp.weight``'s gradient is computed (the hook runs before that gradient is
+    accumulated, so a delayed parameter must be done by then: the output layer is); a barrier
+    after backward orders it before the step (torch never waits for it)."""
+    rank = dist.get_rank()
+    torch.manual_seed(7 + rank)
+    base = Net()
+    results = {}
+    for kind, ddp_cls in (("torch", TorchDDP), ("ferrodist", FerroDDP)):
+        net = copy.deepcopy(base)
+        delayed = [(n, p) for n, p in net.named_parameters() if n.startswith("out.")]
+        wrapped = ddp_cls(
+            net,
+            bucket_cap_mb=0.01,
+            delay_all_reduce_named_params=delayed,
+            param_to_hook_all_reduce=net.inp.weight,
+        )
+        opt = torch.optim.SGD(wrapped.parameters(), lr=0.05, momentum=0.9)
+        for x in _batches(rank, 4):
+            wrapped(x).square().mean().backward()
+            dist.barrier()
+            opt.step()
+            opt.zero_grad()
+        results[kind] = {"params": {n: p.detach().clone() for n, p in net.named_parameters()}}
+    return results
+
+
+#: torch's own hooks checked through :func:`shipped_hook`.
+SHIPPED_HOOKS = (
+    "powerSGD",
+    "post_localSGD",
+    "noop",
+    "hook_then_optimizer",
+)
+
+
 def _compare(res: dict[str, Any]) -> dict[str, Any]:
     t, f = res["torch"], res["ferrodist"]
     diffs = {n: (t["params"][n] - f["params"][n]).abs().max().item() for n in t["params"]}
@@ -264,6 +374,16 @@ SCENARIOS: dict[str, Callable[[], dict[str, Any]]] = {
         hook="fp16_compress_wrapper",
         swap_hooks=True,
     ),
+    "sparse": lambda: run(model={"sparse": True}, ddp={"bucket_cap_mb": 0.01}),
+    "sparse_hook": lambda: run(
+        model={"sparse": True}, ddp={"bucket_cap_mb": 0.01}, hook="allreduce_hook", record=True
+    ),
+    "sparse_find_unused": lambda: run(
+        model={"sparse": True, "unused": True},
+        ddp={"find_unused_parameters": True},
+        spare_on_rank=1,
+    ),
+    "delayed_all_reduce": delayed_all_reduce,
     "subgroup": subgroup,
     "join_uneven": uneven_join,
     "join_uneven_dynamic_divisor": lambda: uneven_join(divide_by_initial_world_size=False),
@@ -276,6 +396,8 @@ SCENARIOS: dict[str, Callable[[], dict[str, Any]]] = {
 def run_all() -> dict[str, Any]:
     """Every scenario plus the two error texts, compared; what one rank reports."""
     out: dict[str, Any] = {name: _compare(fn()) for name, fn in SCENARIOS.items()}
+    for name in SHIPPED_HOOKS:
+        out[f"shipped_{name}"] = _compare(shipped_hook(name))
     out["mismatch_error"] = mismatch_error()
     out["unused_error"] = unused_without_detection()
     return out

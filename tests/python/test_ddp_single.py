@@ -7,6 +7,7 @@ from typing import Iterator
 import pytest
 import torch
 import torch.distributed as tdist
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks as torch_hooks
 from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
 import ferrodist
@@ -43,8 +44,6 @@ def test_module_without_trainable_parameters_is_refused(world: None) -> None:
         FerroDDP(frozen)
     with pytest.raises(ValueError, match="device_ids and output_device"):
         FerroDDP(torch.nn.Linear(2, 2), device_ids=[0])
-    with pytest.raises(NotImplementedError, match=r"sparse gradients yet \(weight\)"):
-        FerroDDP(torch.nn.Embedding(4, 2, sparse=True))
 
 
 def test_state_dict_and_attributes_match_torch(world: None) -> None:
@@ -91,3 +90,117 @@ def test_reducer_rejects_bad_bucket_indices(world: None) -> None:
     reducer.set_logger(logger)
     buckets = reducer._get_zeros_like_grad_buckets()
     assert [b.buffer().numel() for b in buckets] == [5] and buckets[0].is_last()
+
+
+def _logging_keys_after(ddp: torch.nn.Module, steps: int) -> set[str]:
+    for _ in range(steps):
+        ddp(torch.randn(4, 4)).sum().backward()
+    return set(ddp._get_ddp_logging_data())
+
+
+@pytest.mark.parametrize(
+    "options", [{}, {"static_graph": True}, {"find_unused_parameters": True}], ids=str
+)
+def test_logging_data_keys_equal_torchs_at_every_stage(world: None, options: dict) -> None:
+    ours, theirs = FerroDDP(_net(), **options), TorchDDP(_net(), **options)
+    assert set(ours._get_ddp_logging_data()) == set(theirs._get_ddp_logging_data())
+    assert _logging_keys_after(ours, 1) == _logging_keys_after(theirs, 1)
+    assert _logging_keys_after(ours, 2) == _logging_keys_after(theirs, 2)
+    ours.register_comm_hook(None, default_hooks.allreduce_hook)
+    theirs.register_comm_hook(None, torch_hooks.allreduce_hook)
+    assert _logging_keys_after(ours, 1) == _logging_keys_after(theirs, 1)
+
+
+def test_logging_data_bucket_figures_equal_torchs(world: None) -> None:
+    def net() -> torch.nn.Module:
+        torch.manual_seed(0)
+        return torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(4)])
+
+    ours, theirs = FerroDDP(net(), bucket_cap_mb=0.02), TorchDDP(net(), bucket_cap_mb=0.02)
+    keys = (
+        "has_rebuilt_buckets",
+        "rebuilt_bucket_sizes",
+        "rebuilt_per_bucket_param_indices",
+        "num_buckets_reduced",
+        "prev_iteration_grad_ready_order_indices",
+        "iteration",
+        "bucket_sizes",
+    )
+    for _ in range(4):
+        for ddp in (ours, theirs):
+            ddp(torch.randn(3, 64)).sum().backward()
+        mine, reference = ours._get_ddp_logging_data(), theirs._get_ddp_logging_data()
+        assert {k: mine.get(k) for k in keys} == {k: reference.get(k) for k in keys}
+
+
+def test_second_hook_is_recorded_as_an_error_like_torch(world: None) -> None:
+    for ddp, hooks in (
+        (FerroDDP(_net()), default_hooks),
+        (TorchDDP(_net()), torch_hooks),
+    ):
+        assert "has_error" not in ddp._get_ddp_logging_data()
+        ddp.register_comm_hook(None, hooks.allreduce_hook)
+        with pytest.raises(RuntimeError) as raised:
+            ddp.register_comm_hook(None, hooks.allreduce_hook)
+        data = ddp._get_ddp_logging_data()
+        assert data["has_error"] == 1 and data["error"] == str(raised.value)
+
+
+def _future_of(value: object) -> torch.futures.Future:
+    fut: torch.futures.Future = torch.futures.Future()
+    fut.set_result(value)
+    return fut
+
+
+@pytest.mark.parametrize("returns", ["int_future", "two_tensor_future", "not_a_future"])
+def test_hook_with_a_wrong_return_type_fails_like_torch(world: None, returns: str) -> None:
+    def hook(state, bucket):  # type: ignore[no-untyped-def]  # torch refuses string annotations
+        if returns == "int_future":
+            return _future_of(3)
+        if returns == "two_tensor_future":
+            return _future_of([bucket.buffer(), bucket.buffer()])
+        return 5  # type: ignore[return-value]
+
+    errors = []
+    for cls in (FerroDDP, TorchDDP):
+        ddp = cls(torch.nn.Linear(4, 4))
+        ddp.register_comm_hook(None, hook)
+        with pytest.raises(RuntimeError) as raised:
+            ddp(torch.ones(2, 4)).sum().backward()
+        errors.append(str(raised.value))
+        assert "has_error" not in ddp._get_ddp_logging_data()
+    ours, theirs = errors
+    assert theirs.endswith(ours) if returns == "not_a_future" else ours == theirs
+
+
+def test_prepare_for_backward_takes_a_tensor_or_a_list(world: None) -> None:
+    used, unused = torch.nn.Parameter(torch.ones(3)), torch.nn.Parameter(torch.ones(2))
+    group = tdist.group.WORLD
+    for outputs in (lambda: used * 2, lambda: [used * 2]):
+        for cls in (ferrodist.Reducer, tdist.Reducer):
+            reducer = cls([used, unused], [[0, 1]], [100], group, [], 1 << 20, True)
+            out = outputs()
+            reducer.prepare_for_backward(out)
+            (out if isinstance(out, torch.Tensor) else out[0]).sum().backward()
+            assert used.grad is not None and used.grad.tolist() == [2.0, 2.0, 2.0]
+            assert unused.grad is None
+            used.grad = None
+
+
+def test_bucket_with_mixed_dtypes_raises_torchs_error(world: None) -> None:
+    params = [torch.nn.Parameter(torch.zeros(3)), torch.nn.Parameter(torch.zeros(2).double())]
+    errors = []
+    for cls in (ferrodist.Reducer, tdist.Reducer):
+        with pytest.raises(RuntimeError) as raised:
+            cls(params, [[0, 1]], [100], tdist.group.WORLD)
+        errors.append(str(raised.value))
+    assert errors[0] == errors[1]
+
+
+def test_delay_all_reduce_arguments_come_in_pairs_like_torch(world: None) -> None:
+    net = _net()
+    for cls in (FerroDDP, TorchDDP):
+        with pytest.raises(ValueError, match="need to be set at the same time"):
+            cls(_net(), delay_all_reduce_named_params=[])
+        with pytest.raises(ValueError, match="need to be set at the same time"):
+            cls(net, param_to_hook_all_reduce=net[0].weight)

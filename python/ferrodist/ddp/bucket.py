@@ -1,17 +1,42 @@
-"""The Reducer's own record of one bucket: flat buffer, per-parameter views, readiness count.
+"""The Reducer's own record of one bucket: flat buffer, per-parameter views, fill and write-back.
 
 Parameters of a bucket share dtype and device (the bucket assignment guarantees it), so their
 gradients can live back to back in one flat tensor that a single all-reduce moves.
+
+Filling and writing back happen once per bucket, not once per gradient: small gradients are
+moved with one ``torch._foreach_*`` call for the whole bucket (a Python call per tensor costs
+more than copying a few kilobytes), large ones one by one with a single pass each (multiply by
+``1 / world_size`` while copying, as torch's Reducer does). Either way every element goes
+through the same arithmetic as in torch's Reducer, so results stay bitwise equal.
 """
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Sequence
+from itertools import repeat
+from typing import Any, Optional, Sequence
 
 import torch
 
 from ferrodist.ddp.grad_bucket import GradBucket
+
+#: Gradients with fewer elements are copied in one batched call per bucket; larger ones one by
+#: one (a second pass over a large tensor costs more than the Python call it saves).
+SMALL_NUMEL = 16384
+
+_grad_of = operator.attrgetter("grad")
+
+_VIEW_ERROR = (
+    "Detected at least one parameter gradient is not the expected DDP bucket view with "
+    "gradient_as_bucket_view=True. This may happen (for example) if multiple allreduce hooks "
+    "were registered onto the same parameter. If you hit this error, please file an issue "
+    "with a minimal repro."
+)
+
+
+def _all_defined(grads: list[Optional[torch.Tensor]]) -> bool:
+    return all(map(operator.is_not, grads, repeat(None)))
 
 
 @dataclass
@@ -27,22 +52,32 @@ class Bucket:
     #: Views of ``buffer`` the gradients are copied into (and, with gradient_as_bucket_view,
     #: the tensors that ``param.grad`` points at).
     views_in: list[torch.Tensor]
-    #: Views of the hook's result, written back into ``.grad`` at the end of backward.
-    views_out: list[torch.Tensor]
-    pending: int = 0
     future: Optional[Any] = None
     parameters: list[torch.Tensor] = field(default_factory=list)
+    #: Positions of the gradients copied one by one (at least ``SMALL_NUMEL`` elements).
+    large: frozenset[int] = frozenset()
+    #: One parameter with a sparse gradient: ``buffer`` is that gradient itself, reduced as a
+    #: sparse tensor (sparse gradients cannot share a flat buffer).
+    sparse: bool = False
 
     @classmethod
     def build(
-        cls, params: Sequence[torch.Tensor], variable_indices: list[int], size_limit: int
+        cls,
+        params: Sequence[torch.Tensor],
+        variable_indices: list[int],
+        size_limit: int,
+        sparse: bool = False,
     ) -> Bucket:
         """Allocate the flat buffer for ``params[i] for i in variable_indices``."""
         members = [params[i] for i in variable_indices]
+        if sparse:
+            return cls._build_sparse(members, variable_indices, size_limit)
         dtypes = {p.dtype for p in members}
         devices = {p.device for p in members}
-        if len(dtypes) != 1 or len(devices) != 1:
-            raise ValueError("All parameters of a bucket must share one dtype and one device.")
+        if len(dtypes) != 1:
+            raise RuntimeError("All parameters in a bucket must have the same dtype.")
+        if len(devices) != 1:
+            raise RuntimeError("All parameters in a bucket must be placed on the same device.")
         offsets, lengths, sizes = [], [], []
         total = 0
         for p in members:
@@ -51,11 +86,34 @@ class Bucket:
             sizes.append(p.shape)
             total += p.numel()
         buffer = torch.zeros(total, dtype=members[0].dtype, device=members[0].device)
-        bucket = cls(variable_indices, size_limit, buffer, offsets, lengths, sizes, [], [])
+        bucket = cls(variable_indices, size_limit, buffer, offsets, lengths, sizes, [])
         bucket.parameters = members
         bucket.views_in = bucket.views_of(buffer)
-        bucket.views_out = bucket.views_in
+        bucket.large = frozenset(i for i, n in enumerate(lengths) if n >= SMALL_NUMEL)
         return bucket
+
+    @classmethod
+    def _build_sparse(
+        cls, members: list[torch.Tensor], variable_indices: list[int], size_limit: int
+    ) -> Bucket:
+        if len(members) != 1:
+            raise RuntimeError("A bucket for a sparse gradient must hold exactly one parameter.")
+        (p,) = members
+        empty = torch.sparse_coo_tensor(
+            torch.empty((p.dim(), 0), dtype=torch.long, device=p.device),
+            torch.empty((0,), dtype=p.dtype, device=p.device),
+            p.shape,
+            check_invariants=True,
+        )
+        bucket = cls(variable_indices, size_limit, empty, [0], [p.numel()], [p.shape], [])
+        bucket.parameters = members
+        bucket.sparse = True
+        return bucket
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the bucket's parameters (what torch's Logger reports as its size)."""
+        return sum(self.lengths) * self.parameters[0].element_size()
 
     def views_of(self, flat: torch.Tensor) -> list[torch.Tensor]:
         """Per-parameter views of a flat tensor laid out like this bucket."""
@@ -70,58 +128,133 @@ class Bucket:
             index, bucket_count, buffer, self.offsets, self.lengths, self.sizes, self.parameters
         )
 
-    def copy_in(
-        self, pos: int, param: torch.Tensor, divide_by: Optional[int], as_bucket_view: bool
-    ) -> None:
-        """Put ``param``'s gradient into its slot: zeros if it has none; divided by
-        ``divide_by`` unless that is ``None`` (a comm hook averages by itself). With
-        ``as_bucket_view``, ``param.grad`` becomes the slot itself."""
-        view = self.views_in[pos]
-        grad = param.grad
-        if grad is None:
-            view.zero_()
-            return
-        if grad.data_ptr() == view.data_ptr() and grad.shape == view.shape:
-            if divide_by is not None:
-                view.div_(divide_by)
-            return
-        if divide_by is not None:
-            # one pass: multiply by the reciprocal while copying, as torch's Reducer does
-            torch.mul(grad.detach(), 1.0 / float(divide_by), out=view)
-        else:
-            view.copy_(grad)
-        if as_bucket_view:
-            param.grad = view
+    # ---- into the bucket --------------------------------------------------------------------
 
-    def write_back(self, as_bucket_view: bool, globally_unused: Callable[[int], bool]) -> None:
-        """Copy the reduced values (``views_out``) into each parameter's ``.grad``.
+    def fill(self, divide_by: Optional[int], as_bucket_view: bool) -> None:
+        """Put every parameter's gradient into its slot.
 
-        A parameter no rank used keeps its ``.grad`` untouched. With ``as_bucket_view`` the
-        reduced values land in the bucket and ``.grad`` stays (or becomes) the bucket view.
+        A missing gradient becomes zeros; the others are divided by ``divide_by`` unless it is
+        ``None`` (a comm hook averages by itself): multiplied by the reciprocal while copied,
+        or divided in place where ``.grad`` already is the slot (gradient_as_bucket_view).
+        With ``as_bucket_view``, ``param.grad`` becomes the slot itself.
         """
-        for pos, index in enumerate(self.variable_indices):
-            param = self.parameters[pos]
-            out = self.views_out[pos]
-            unused = globally_unused(index)
-            if not as_bucket_view:
-                if unused:
-                    continue
-                if param.grad is None:
-                    param.grad = torch.empty_like(param).copy_(out)
+        if self.sparse:
+            self._take_sparse_grad(divide_by)
+            return
+        grads: list[Optional[torch.Tensor]] = list(map(_grad_of, self.parameters))
+        views = self.views_in
+        if as_bucket_view and all(map(operator.is_, grads, views)):
+            if divide_by is not None:
+                self.buffer.div_(divide_by)
+            return
+        if not as_bucket_view and _all_defined(grads):
+            self._copy_scaled(range(len(views)), grads, divide_by)  # type: ignore[arg-type]
+            return
+        copied, aliased, missing = [], [], []
+        for pos, (grad, view) in enumerate(zip(grads, views)):
+            if grad is None:
+                missing.append(view)
+            elif grad is view or (grad.data_ptr() == view.data_ptr() and grad.shape == view.shape):
+                aliased.append(view)
+            else:
+                copied.append(pos)
+        if missing:
+            torch._foreach_zero_(missing)
+        if aliased and divide_by is not None:
+            torch._foreach_div_(aliased, divide_by)
+        self._copy_scaled(copied, grads, divide_by)  # type: ignore[arg-type]
+        if as_bucket_view:
+            for pos in copied:
+                self.parameters[pos].grad = views[pos]
+
+    def _take_sparse_grad(self, divide_by: Optional[int]) -> None:
+        # torch divides the sparse gradient in place and reduces that very tensor
+        grad = self.parameters[0].grad
+        if grad is None:
+            raise RuntimeError("Expected sparse gradient to be defined.")
+        if grad.layout != torch.sparse_coo:
+            raise RuntimeError("Expected variable to have sparse gradient.")
+        if divide_by is not None:
+            grad.div_(divide_by)
+        self.buffer = grad
+
+    def _copy_scaled(
+        self, positions: Sequence[int], grads: list[torch.Tensor], divide_by: Optional[int]
+    ) -> None:
+        """Copy ``grads`` at ``positions`` into their slots, times ``1 / divide_by``."""
+        if not positions:
+            return
+        views = self.views_in
+        scale = None if divide_by is None else 1.0 / float(divide_by)
+        whole = len(positions) == len(views)
+        if whole and not self.large:
+            torch._foreach_copy_(views, grads)
+            if scale is not None:
+                self.buffer.mul_(scale)
+            return
+        small_views, small_grads = [], []
+        for pos in positions:
+            grad, view = grads[pos], views[pos]
+            if pos in self.large:
+                if scale is None:
+                    view.copy_(grad)
                 else:
-                    param.grad.copy_(out)
+                    torch.mul(grad, scale, out=view)
+            else:
+                small_views.append(view)
+                small_grads.append(grad)
+        if small_views:
+            torch._foreach_copy_(small_views, small_grads)
+            if scale is not None:
+                torch._foreach_mul_(small_views, scale)
+
+    # ---- out of the bucket ------------------------------------------------------------------
+
+    def write_back(
+        self, result: torch.Tensor, as_bucket_view: bool, unused: frozenset[int]
+    ) -> None:
+        """Copy the reduced values ``result`` (flat, bucket layout) into each ``.grad``.
+
+        A parameter no rank used (its index in ``unused``) keeps its ``.grad`` untouched. With
+        ``as_bucket_view`` the reduced values land in the bucket and ``.grad`` stays (or
+        becomes) the bucket view.
+        """
+        buffer = self.buffer
+        if self.sparse:
+            if result is not buffer:
+                buffer.copy_(result)
+            return
+        if result is not buffer and (
+            result.data_ptr() != buffer.data_ptr() or result.dtype != buffer.dtype
+        ):
+            buffer.copy_(result.reshape(-1))
+        grads: list[Optional[torch.Tensor]] = list(map(_grad_of, self.parameters))
+        views = self.views_in
+        if as_bucket_view:
+            if all(map(operator.is_, grads, views)):
+                return
+            for pos, index in enumerate(self.variable_indices):
+                grad = grads[pos]
+                if index in unused or grad is views[pos]:
+                    continue
+                if grad is None:
+                    self.parameters[pos].grad = views[pos]
+                elif grad.data_ptr() != views[pos].data_ptr():
+                    raise RuntimeError(_VIEW_ERROR)
+            return
+        if not unused and _all_defined(grads):
+            torch._foreach_copy_(grads, views)  # type: ignore[arg-type]
+            return
+        targets, sources = [], []
+        for pos, index in enumerate(self.variable_indices):
+            if index in unused:
                 continue
-            view_in = self.views_in[pos]
-            if view_in.data_ptr() != out.data_ptr() or view_in.dtype != out.dtype:
-                view_in.copy_(out)
-            if unused:
-                continue
-            if param.grad is None:
-                param.grad = view_in
-            elif param.grad.data_ptr() != view_in.data_ptr():
-                raise RuntimeError(
-                    "Detected at least one parameter gradient is not the expected DDP bucket "
-                    "view with gradient_as_bucket_view=True. This may happen (for example) if "
-                    "multiple allreduce hooks were registered onto the same parameter. If you "
-                    "hit this error, please file an issue with a minimal repro."
-                )
+            grad = grads[pos]
+            if grad is None:
+                param = self.parameters[pos]
+                param.grad = torch.empty_like(param).copy_(views[pos])
+            else:
+                targets.append(grad)
+                sources.append(views[pos])
+        if targets:
+            torch._foreach_copy_(targets, sources)

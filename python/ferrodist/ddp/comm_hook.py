@@ -96,13 +96,24 @@ def check_comm_hook(hook: Any) -> None:
             )
 
 
+def checked_future(result: Any) -> Any:
+    """A comm hook's return value, refused with torch's error unless it is a Future."""
+    if not isinstance(result, torch._C.Future):
+        kind = type(result)
+        raise RuntimeError(
+            "DDP communication hook's callback must return a torch.futures.Future object, "
+            f"but got {kind.__module__}.{kind.__qualname__}"
+        )
+    return result
+
+
 def hook_result_tensor(value: Any) -> torch.Tensor:
-    """The tensor a hook's future produced (a tensor, or a one-element list of tensors)."""
+    """The tensor a hook's future produced (a tensor, or a one-element list of tensors).
+
+    Anything else raises torch's ``RuntimeError`` ("Unable to cast ... to Tensor").
+    """
     if isinstance(value, torch.Tensor):
         return value
     if isinstance(value, (list, tuple)) and len(value) == 1 and isinstance(value[0], torch.Tensor):
         return value[0]
-    raise RuntimeError(
-        "The comm hook's future must hold a tensor or a list of one tensor, got "
-        f"{type(value).__name__}."
-    )
+    raise RuntimeError(f"Unable to cast {value!r} to Tensor")

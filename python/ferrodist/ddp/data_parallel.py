@@ -21,6 +21,7 @@ from torch.distributed.algorithms.join import Join, Joinable
 from ferrodist.ddp import _bucket_assignment as ba
 from ferrodist.ddp import comm_hook as ch
 from ferrodist.ddp import module_sync
+from ferrodist.ddp.delayed import DelayedAllReduce
 from ferrodist.ddp.join import DDPJoinSupport
 from ferrodist.ddp.logger import Logger
 from ferrodist.ddp.reducer import Reducer
@@ -57,9 +58,12 @@ class DistributedDataParallel(DDPJoinSupport, torch.nn.Module, Joinable):
     ) -> None:
         super().__init__()
         Joinable.__init__(self)
+        if (delay_all_reduce_named_params is None) != (param_to_hook_all_reduce is None):
+            raise ValueError(
+                "delay_all_reduce_named_params and param_to_hook_all_reduce "
+                "need to be set at the same time."
+            )
         for name, value in (
-            ("delay_all_reduce_named_params", delay_all_reduce_named_params),
-            ("param_to_hook_all_reduce", param_to_hook_all_reduce),
             ("mixed_precision", mixed_precision),
             ("skip_all_reduce_unused_params", skip_all_reduce_unused_params or None),
         ):
@@ -73,10 +77,15 @@ class DistributedDataParallel(DDPJoinSupport, torch.nn.Module, Joinable):
             process_group = device_mesh.get_group(mesh_dim=0)
         self.process_group = process_group or tdist.distributed_c10d._get_default_group()
         self.parameters_to_ignore = set(getattr(module, "_ddp_params_and_buffers_to_ignore", ()))
+        self._delay_all_reduce_params = []
+        for name, param in delay_all_reduce_named_params or ():
+            self.parameters_to_ignore.add(name)
+            self._delay_all_reduce_params.append(param)
         self._module_parameters = [
             p for n, p in module.named_parameters() if n not in self.parameters_to_ignore
         ]
-        if not any(p.requires_grad for p in self._module_parameters):
+        trainable = any(p.requires_grad for p in self._module_parameters)
+        if not trainable and not self._delay_all_reduce_params:
             raise RuntimeError(
                 "DistributedDataParallel is not needed when a module doesn't have any "
                 "parameter that requires a gradient."
@@ -146,6 +155,22 @@ class DistributedDataParallel(DDPJoinSupport, torch.nn.Module, Joinable):
             tdist._DEFAULT_FIRST_BUCKET_BYTES if default_cap else self.bucket_bytes_cap
         )
         self.bucket_bytes_cap_default = self._first_bucket_bytes_cap < self.bucket_bytes_cap
+        self._delayed: Optional[DelayedAllReduce] = None
+        self._delay_all_reduce_all_params = False
+        if self._delay_all_reduce_params:
+            self._delayed = DelayedAllReduce(
+                self._delay_all_reduce_params,
+                param_to_hook_all_reduce,
+                self.process_group,
+                None if not self.device_ids else self.device_ids[0],
+            )
+            self._delay_all_reduce_all_params = not any(
+                p.requires_grad
+                for n, p in self.module.named_parameters()
+                if n not in self.parameters_to_ignore
+            )
+            if self._delay_all_reduce_all_params:
+                return  # no Reducer at all, as in torch
         parameters, names = self._build_params_for_reducer()
         if init_sync:
             module_sync.verify_params_across_ranks(self.process_group, names, parameters)
@@ -163,19 +188,18 @@ class DistributedDataParallel(DDPJoinSupport, torch.nn.Module, Joinable):
 
     def _build_params_for_reducer(self) -> tuple[list[torch.nn.Parameter], list[str]]:
         seen: set[int] = set()
+        self._expect_sparse_gradient: list[bool] = []
         params, names = [], []
         for module_name, sub in self.module.named_modules():
             for param_name, p in sub.named_parameters(recurse=False):
                 fqn = f"{module_name}.{param_name}" if module_name else param_name
                 if not p.requires_grad or fqn in self.parameters_to_ignore or id(p) in seen:
                     continue
-                if isinstance(sub, (torch.nn.Embedding, torch.nn.EmbeddingBag)) and sub.sparse:
-                    raise NotImplementedError(
-                        f"ferrodist DDP does not reduce sparse gradients yet ({fqn})."
-                    )
                 seen.add(id(p))
                 params.append(p)
                 names.append(fqn)
+                sparse = isinstance(sub, (torch.nn.Embedding, torch.nn.EmbeddingBag))
+                self._expect_sparse_gradient.append(sparse and bool(sub.sparse))
         self._assign_modules_buffers()
         return params, names
 
@@ -202,13 +226,14 @@ class DistributedDataParallel(DDPJoinSupport, torch.nn.Module, Joinable):
             limits = [self._first_bucket_bytes_cap, self.bucket_bytes_cap]
         else:
             limits = [self.bucket_bytes_cap]
-        indices, per_bucket = ba.assign_buckets(parameters, limits)
+        sparse = self._expect_sparse_gradient
+        indices, per_bucket = ba.assign_buckets(parameters, limits, sparse)
         self.reducer = Reducer(
             parameters,
             list(reversed(indices)),
             list(reversed(per_bucket)),
             self.process_group,
-            [],
+            sparse,
             self.bucket_bytes_cap,
             self.find_unused_parameters,
             self.gradient_as_bucket_view,
@@ -234,8 +259,18 @@ class DistributedDataParallel(DDPJoinSupport, torch.nn.Module, Joinable):
     # ---- forward ----------------------------------------------------------------------------
 
     def forward(self, *inputs: Any, **kwargs: Any) -> Any:
+        if self._delay_all_reduce_all_params:
+            output = self.module(*inputs, **kwargs)
+            self._clear_grad_buffer()
+            return output
         inputs, kwargs = self._pre_forward(*inputs, **kwargs)
-        return self._post_forward(self.module(*inputs, **kwargs))
+        output = self._post_forward(self.module(*inputs, **kwargs))
+        self._clear_grad_buffer()
+        return output
+
+    def _clear_grad_buffer(self) -> None:
+        if self._delayed is not None:
+            self._delayed.point_grads_at_buffer()
 
     def _pre_forward(self, *inputs: Any, **kwargs: Any) -> tuple[Any, Any]:
         if torch.is_grad_enabled() and self.require_backward_grad_sync:

@@ -43,7 +43,10 @@ class GradBucket:
         return self._buffer
 
     def gradients(self) -> list[torch.Tensor]:
-        """One view into ``buffer()`` per parameter, shaped like the parameter."""
+        """One view into ``buffer()`` per parameter, shaped like the parameter (for a sparse
+        gradient's bucket: the sparse gradient itself)."""
+        if self._buffer.layout == torch.sparse_coo:
+            return [self._buffer]
         return [
             self._buffer.narrow(0, off, n).view(size)
             for off, n, size in zip(self._offsets, self._lengths, self._sizes)

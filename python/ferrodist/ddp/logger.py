@@ -25,6 +25,15 @@ def _dtype_name(dtype: torch.dtype) -> str:
     )
 
 
+def _gloo_threads(process_group: Any) -> int:
+    """Worker threads of the group's gloo backend (torch logs it; gloo's default is 2)."""
+    try:
+        backend = process_group._get_backend(torch.device("cpu"))
+        return int(backend.options._threads)
+    except (AttributeError, RuntimeError, TypeError):
+        return 2
+
+
 class Logger:
     """DDP logging data for one ``Reducer``; torch's ``dist.Logger`` methods."""
 
@@ -33,6 +42,7 @@ class Logger:
         self._data: dict[str, Any] = {}
         self._sums = {"forward": 0, "backward_compute": 0, "backward_comm": 0, "overlap": 0}
         self._samples = 0
+        self._recorded = 0
         self._sample_rate = _SAMPLE_RATE
 
     def set_construction_data_and_log(
@@ -55,7 +65,6 @@ class Logger:
             output_device=int(output_device),
             broadcast_buffers=int(broadcast_buffers),
             has_sync_bn=int(has_sync_bn),
-            static_graph=int(static_graph),
             world_size=int(pg.size()),
             rank=int(tdist.get_rank(pg)),
             backend_name=str(tdist.get_backend(pg)),
@@ -71,41 +80,54 @@ class Logger:
             master_port=env.get("MASTER_PORT", "N/A"),
             torch_distributed_debug=env.get("TORCH_DISTRIBUTED_DEBUG", "N/A"),
             cuda_visible_devices=env.get("CUDA_VISIBLE_DEVICES", "N/A"),
-            has_rebuilt_buckets=0,
             iteration=0,
-            unused_parameter_size=0,
-            comm_hook="",
-            join_uneven_inputs=0,
-            torch_version=str(torch.__version__),
         )
+        if static_graph:
+            self._data["static_graph"] = 1
+        if self._data["backend_name"] == "gloo":
+            self._data.update(
+                gloo_socket_ifname=env.get("GLOO_SOCKET_IFNAME", "N/A"),
+                gloo_device_transport=env.get("GLOO_DEVICE_TRANSPORT", "N/A"),
+                gloo_num_threads=_gloo_threads(pg),
+            )
 
     def _bucket_sizes(self) -> str:
-        return ", ".join(
-            str(b.buffer.numel() * b.buffer.element_size()) for b in self._reducer._buckets
-        )
+        return ", ".join(str(b.nbytes) for b in self._reducer._buckets)
 
     def set_runtime_stats_and_log(self) -> None:
-        """Fold the previous iteration's stamps into the averages (sampled like torch)."""
+        """Record the previous iteration's figures, on sampled iterations only (as torch):
+        the first ten after the first, then every ``sample_rate``-th."""
         r = self._reducer
         it = r._num_iterations
+        sampled = self._recorded < _FIRST_SAMPLED_ITERATIONS or it % self._sample_rate == 0
+        if it == 0 or not sampled:
+            return
+        self._recorded += 1
         self._data["iteration"] = it
         self._data["num_buckets_reduced"] = r._num_buckets_reduced
-        self._data["prev_iteration_grad_ready_order_indices"] = ", ".join(
-            map(str, r._grad_ready_order)
-        )
+        order = r._grad_ready_order
+        if order:
+            self._data["prev_iteration_grad_ready_order_indices"] = ", ".join(map(str, order))
         self._data["unused_parameter_size"] = sum(
             r._params[i].numel() * r._params[i].element_size() for i in r._unused
         )
-        if r._has_rebuilt and not self._data.get("has_rebuilt_buckets"):
-            self._data["has_rebuilt_buckets"] = 1
-            self._data["rebuilt_bucket_sizes"] = self._bucket_sizes()
-            self._data["rebuilt_per_bucket_param_indices"] = " ".join(
-                ", ".join(map(str, b.variable_indices)) for b in r._buckets
-            )
+        if self._data.get("has_rebuilt_buckets") != int(r._has_rebuilt):
+            self._data["has_rebuilt_buckets"] = int(r._has_rebuilt)
+            if r._has_rebuilt:
+                self._data["rebuilt_bucket_sizes"] = self._bucket_sizes()
+                self._data["rebuilt_per_bucket_param_indices"] = ", ".join(
+                    " ".join(map(str, b.variable_indices)) for b in r._buckets
+                )
         t = r.times
-        sampled = it <= _FIRST_SAMPLED_ITERATIONS or it % self._sample_rate == 0
-        if it == 0 or not sampled or t.comm_end == 0 or t.comm_start == 0:
+        if t.comm_end == 0 or t.comm_start == 0:
             return
+        self._data.update(
+            forward_compute_time_start=t.forward_start,
+            backward_compute_time_start=t.backward_compute_start,
+            backward_compute_time_end=t.backward_compute_end,
+            backward_comm_time_start=t.comm_start,
+            backward_comm_time_end=t.comm_end,
+        )
         figures = {
             "forward": t.backward_compute_start - t.forward_start,
             "backward_compute": t.backward_compute_end - t.backward_compute_start,

@@ -19,11 +19,12 @@ everything in one go at its end. Semantics follow torch's C++ ``Reducer`` (see
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 import torch
 import torch.distributed as tdist
 
+from ferrodist import _native
 from ferrodist.ddp import _bucket_assignment, comm_hook
 from ferrodist.ddp.bucket import Bucket
 from ferrodist.ddp.bucket_sync import broadcast_bucket_layout
@@ -58,11 +59,14 @@ class Reducer(ReducerJoinSupport):
         bucket_bytes_cap_list: Sequence[int] = (),
         batched_grad_copy: bool = False,
     ) -> None:
-        if any(expect_sparse_gradients):
-            raise NotImplementedError("ferrodist's Reducer does not reduce sparse gradients yet.")
         if len(per_bucket_size_limits) != len(bucket_indices):
             raise ValueError("per_bucket_size_limits must have one entry per bucket.")
         self._params = list(params)
+        self._expect_sparse = [bool(x) for x in expect_sparse_gradients] or [False] * len(
+            self._params
+        )
+        if len(self._expect_sparse) != len(self._params):
+            raise ValueError("expect_sparse_gradients must have one entry per parameter.")
         self._process_group = process_group
         self._bucket_bytes_cap = int(bucket_bytes_cap)
         self._first_bucket_bytes_cap = int(first_bucket_bytes_cap)
@@ -71,32 +75,24 @@ class Reducer(ReducerJoinSupport):
         self._skip_unused = bool(skip_all_reduce_unused_params)
         self._as_bucket_view = bool(gradient_as_bucket_view)
         self._names = dict(param_to_name_mapping or {})
-        self._index_of = {id(p): i for i, p in enumerate(self._params)}
         self._comm_hook: Optional[Callable[[GradBucket], Any]] = None
         self._comm_hook_kind = ""
         self._static_graph = False
         self._num_bwd_calls = 0
         self._num_iterations = 0
-        self._hook_counts = [0] * len(self._params)
-        self._hook_counts_left: list[int] = []
-        self._expect_hooks = False
-        self._require_finalize = False
-        self._ready: set[int] = set()
         self._unused: list[int] = []
-        self._marked_unused = False
-        self._local_used = torch.zeros(len(self._params), dtype=torch.int32)
         self._global_used: Optional[torch.Tensor] = None
         self._used_work: Any = None
         self._div_factor: Optional[int] = None
         self._forward_work: Any = None
         self._static_world_size = True
         self._has_rebuilt = False
-        self._rebuilt_indices: list[int] = []
-        self._grad_ready_order: list[int] = []
         self._num_buckets_reduced = 0
         self.times = RuntimeTimes()
         self.logger: Any = None
+        self._readiness = _native.Readiness(len(self._params), [list(b) for b in bucket_indices])
         self._initialize_buckets(bucket_indices, per_bucket_size_limits)
+        self._set_mode(armed=False)
         self._hook_handles = [
             p.register_post_accumulate_grad_hook(self._make_hook(i))
             for i, p in enumerate(self._params)
@@ -107,18 +103,13 @@ class Reducer(ReducerJoinSupport):
     def _initialize_buckets(
         self, bucket_indices: Sequence[Sequence[int]], limits: Sequence[int]
     ) -> None:
+        self._readiness.set_buckets([list(b) for b in bucket_indices])
         self._buckets = [
-            Bucket.build(self._params, list(idx), int(lim))
+            Bucket.build(
+                self._params, list(idx), int(lim), any(self._expect_sparse[i] for i in idx)
+            )
             for idx, lim in zip(bucket_indices, limits)
         ]
-        self._locator: dict[int, tuple[int, int]] = {}
-        for b, bucket in enumerate(self._buckets):
-            for pos, var in enumerate(bucket.variable_indices):
-                self._locator[var] = (b, pos)
-        if sorted(self._locator) != list(range(len(self._params))) or len(self._locator) != sum(
-            len(b.variable_indices) for b in self._buckets
-        ):
-            raise ValueError("bucket_indices must name every parameter index exactly once.")
         if self._as_bucket_view:
             for bucket in self._buckets:
                 for p, view in zip(bucket.parameters, bucket.views_in):
@@ -128,12 +119,9 @@ class Reducer(ReducerJoinSupport):
         self._reset_bucket_counting()
 
     def _reset_bucket_counting(self) -> None:
-        self._next_bucket = 0
+        self._readiness.reset()
         for bucket in self._buckets:
-            bucket.pending = len(bucket.variable_indices)
             bucket.future = None
-        if self._static_graph and self._num_bwd_calls > 0:
-            self._hook_counts_left = list(self._hook_counts)
 
     def _bucket_limits_for_rebuild(self) -> list[int]:
         if self._bucket_bytes_cap_list:
@@ -146,22 +134,24 @@ class Reducer(ReducerJoinSupport):
     def _rebuild_buckets(self) -> bool:
         """Rebuild once, in gradient-arrival order agreed from rank 0; True if it happened."""
         self._ensure_prior_reduction_finished()
-        if not self._should_rebuild() or not self._rebuilt_indices:
+        if not self._should_rebuild() or self._readiness.rebuild_order_len() == 0:
             return False
-        if len(self._rebuilt_indices) != len(self._params):
+        order = self._readiness.take_rebuild_order()
+        if len(order) != len(self._params):
             raise RuntimeError(
                 "rebuilt parameter indices size is not same as original model parameters size."
                 f"Original model param size is: {len(self._params)} versus rebuilt params size "
-                f"of: {len(self._rebuilt_indices)}"
+                f"of: {len(order)}"
             )
-        order = self._rebuilt_indices
         indices, limits = _bucket_assignment.assign_buckets(
-            [self._params[i] for i in order], self._bucket_limits_for_rebuild(), [], order
+            [self._params[i] for i in order],
+            self._bucket_limits_for_rebuild(),
+            self._expect_sparse,  # indexed by parameter index, as torch's
+            order,
         )
         indices, limits = broadcast_bucket_layout(
             self._process_group, indices, limits, self._params[0].device
         )
-        self._rebuilt_indices = []
         self._has_rebuilt = True
         self._initialize_buckets(indices, limits)
         return True
@@ -171,27 +161,47 @@ class Reducer(ReducerJoinSupport):
     def prepare_for_forward(self) -> None:
         """Count the iteration and stamp the forward start."""
         self._num_iterations += 1
-        self.times.forward_start = time.perf_counter_ns()
+        self.times.forward_start = time.time_ns()
 
-    def prepare_for_backward(self, outputs: Sequence[torch.Tensor] = ()) -> None:
-        """Arm the hooks for the next backward; find unused parameters from ``outputs``."""
+    def prepare_for_backward(
+        self, outputs: Union[torch.Tensor, Sequence[torch.Tensor]] = ()
+    ) -> None:
+        """Arm the hooks for the next backward; find unused parameters from ``outputs``.
+
+        Args:
+            outputs: the forward outputs (one tensor or a list), searched for the parameters
+                they do not depend on when ``find_unused_parameters`` is on.
+        """
+        if isinstance(outputs, torch.Tensor):
+            outputs = [outputs]
         self._ensure_prior_reduction_finished()
-        self.times.backward_compute_start = time.perf_counter_ns()
+        self.times.backward_compute_start = time.time_ns()
         self.times.comm_start = 0
-        self._expect_hooks = True
-        self._grad_ready_order = []
-        self._reset_bucket_counting()
-        self._marked_unused = False
-        self._ready = set()
         if self._static_graph:
             self._num_bwd_calls += 1
         if not self._static_graph and self._find_unused:
             used = reachable_parameters(outputs)
             self._unused = [i for i, p in enumerate(self._params) if id(p) not in used]
+        self._set_mode(armed=True)
+        self._num_buckets_reduced = 0
+        for bucket in self._buckets:
+            bucket.future = None
+
+    def _set_mode(self, armed: bool) -> None:
+        """Tell the bookkeeping how this iteration's hooks count (starts a new iteration)."""
+        first_static = self._static_first_iteration()
+        self._readiness.arm(
+            armed=armed,
+            record_used=self._dynamic_find_unused() or first_static,
+            count_only=first_static,
+            use_hook_counts=self._static_graph and not first_static,
+            record_rebuild=self._should_rebuild(),
+            unused=self._unused,
+        )
 
     def _ensure_prior_reduction_finished(self) -> None:
-        if self._require_finalize:
-            missing = [i for i in range(len(self._params)) if i not in self._ready]
+        if self._readiness.any_ready():
+            missing = self._readiness.not_ready()
             raise RuntimeError(
                 unfinished_reduction_message(
                     self._static_graph, self._find_unused, self._rank(), missing, self._names
@@ -208,32 +218,28 @@ class Reducer(ReducerJoinSupport):
         return self._static_graph and self._num_bwd_calls == 1
 
     def _make_hook(self, index: int) -> Callable[[torch.Tensor], None]:
+        # The one piece of Python that runs per gradient: report to the Rust bookkeeping and
+        # launch what it says is complete.
+        on_hook = self._readiness.on_hook
+        launch = self._launch
+
         def hook(_param: torch.Tensor) -> None:
-            self._autograd_hook(index)
+            try:
+                run = on_hook(index)
+            except ValueError:
+                raise self._ready_twice(index) from None
+            if run is not None:
+                launch(*run)
 
         return hook
 
-    def _autograd_hook(self, index: int) -> None:
-        with torch.no_grad():
-            if self._dynamic_find_unused() or self._static_first_iteration():
-                self._local_used[index] = 1
-            if self._static_first_iteration():
-                self._hook_counts[index] += 1
-                return
-            if not self._expect_hooks:
-                return
-            self._grad_ready_order.append(index)
-            if not self._marked_unused:
-                self._marked_unused = True
-                for unused in self._unused:
-                    self._mark_variable_ready(unused)
-            if self._static_graph:
-                self._hook_counts_left[index] -= 1
-                if self._hook_counts_left[index] != 0:
-                    return
-            if self._should_rebuild():
-                self._rebuilt_indices.append(index)
-            self._mark_variable_ready(index)
+    def _ready_twice(self, index: int) -> RuntimeError:
+        name = self._names.get(index, str(index))
+        return RuntimeError(
+            f"Expected to mark a variable ready only once. Parameter {name} (index {index}) "
+            "was marked ready twice in one iteration; if the model reuses a module or "
+            "runs backward twice, consider static_graph=True."
+        )
 
     def _set_divide_factor(self) -> None:
         if self._div_factor is not None:
@@ -243,46 +249,22 @@ class Reducer(ReducerJoinSupport):
             self._forward_work.wait()
             self._div_factor = int(self._forward_work.result()[0].item())
 
-    def _mark_variable_ready(self, index: int) -> None:
-        if index in self._ready:
-            name = self._names.get(index, str(index))
-            raise RuntimeError(
-                f"Expected to mark a variable ready only once. Parameter {name} (index {index}) "
-                "was marked ready twice in one iteration; if the model reuses a module or "
-                "runs backward twice, consider static_graph=True."
-            )
-        self._ready.add(index)
-        self._require_finalize = True
+    def _launch(self, first: int, end: int, all_launched: bool) -> None:
+        """Fill and reduce buckets ``first..end``; after the last, finalize at backward's end."""
         self._set_divide_factor()
-        self._copy_grad_to_bucket(index)
-        b, _ = self._locator[index]
-        self._buckets[b].pending -= 1
-        if self._buckets[b].pending == 0:
-            self._launch_ready_buckets()
-        if self._next_bucket == len(self._buckets):
+        divide_by = None if self._comm_hook is not None else (self._div_factor or 1)
+        with torch.no_grad():
+            for b in range(first, end):
+                self._buckets[b].fill(divide_by, self._as_bucket_view)
+                self._all_reduce_bucket(b)
+        if all_launched:
             if self._dynamic_find_unused():
                 self._all_reduce_local_used_map()
             _engine_callback(self._end_of_backward)
 
-    def _copy_grad_to_bucket(self, index: int) -> None:
-        b, pos = self._locator[index]
-        self._buckets[b].copy_in(
-            pos,
-            self._params[index],
-            None if self._comm_hook is not None else (self._div_factor or 1),
-            self._as_bucket_view,
-        )
-
-    def _launch_ready_buckets(self) -> None:
-        while (
-            self._next_bucket < len(self._buckets) and self._buckets[self._next_bucket].pending == 0
-        ):
-            self._all_reduce_bucket(self._next_bucket)
-            self._next_bucket += 1
-
     def _all_reduce_bucket(self, b: int) -> None:
         if self.times.comm_start == 0:
-            self.times.comm_start = time.perf_counter_ns()
+            self.times.comm_start = time.time_ns()
         bucket = self._buckets[b]
         self._num_buckets_reduced += 1
         bucket.future = self._run_comm_hook(
@@ -293,7 +275,20 @@ class Reducer(ReducerJoinSupport):
         """Run the registered hook (or the default sum all-reduce) on one bucket."""
         if self._comm_hook is None:
             return comm_hook.allreduce_sum_future(self._process_group, grad_bucket.buffer())
-        return self._comm_hook(grad_bucket)
+        return comm_hook.checked_future(self._comm_hook(grad_bucket))
+
+    @property
+    def _local_used(self) -> torch.Tensor:
+        """torch's local used map: int32, 1 where the parameter's hook fired."""
+        data = bytearray(self._readiness.used_bytes())
+        if not data:
+            return torch.zeros(0, dtype=torch.int32)
+        return torch.frombuffer(data, dtype=torch.int32)
+
+    @property
+    def _grad_ready_order(self) -> list[int]:
+        """Parameters in the order their gradients arrived in the last backward."""
+        return list(self._readiness.arrival_order())
 
     def _all_reduce_local_used_map(self) -> None:
         # on the parameters' device: NCCL reduces only device tensors
@@ -303,54 +298,57 @@ class Reducer(ReducerJoinSupport):
         )
 
     def _end_of_backward(self) -> None:
-        self.times.backward_compute_end = time.perf_counter_ns()
+        self.times.backward_compute_end = time.time_ns()
         if self._static_graph and self._should_rebuild():
-            self._rebuilt_indices.extend(self._unused)
+            self._readiness.extend_rebuild_order(self._unused)
         self._finalize_backward()
 
     def _delay_all_reduce(self) -> None:
         """Static graph, first iteration: reduce every bucket once backward has finished."""
-        self.times.backward_compute_end = time.perf_counter_ns()
+        self.times.backward_compute_end = time.time_ns()
         self._all_reduce_local_used_map()
-        self._unused = [i for i, n in enumerate(self._hook_counts) if n == 0]
-        self._require_finalize = True
+        self._unused = self._readiness.never_hooked()
+        run = self._readiness.mark_all()
+        self._set_divide_factor()
+        divide_by = None if self._comm_hook is not None else (self._div_factor or 1)
         with torch.no_grad():
-            for index in range(len(self._params)):
-                self._ready.add(index)
-                self._set_divide_factor()
-                self._copy_grad_to_bucket(index)
             for b in range(len(self._buckets)):
-                self._all_reduce_bucket(b)
-        self._next_bucket = len(self._buckets)
+                self._buckets[b].fill(divide_by, self._as_bucket_view)
+            if run is not None:
+                for b in range(run[0], run[1]):
+                    self._all_reduce_bucket(b)
         self._finalize_backward()
 
     def _finalize_backward(self) -> None:
-        self._expect_hooks = False
-        self._require_finalize = False
+        self._readiness.reset()
+        unused = self._globally_unused()
         with torch.no_grad():
             for bucket in self._buckets:
                 assert bucket.future is not None
                 result = comm_hook.hook_result_tensor(bucket.future.wait())
-                if self._comm_hook is not None or result is not bucket.buffer:
-                    bucket.views_out = bucket.views_of(result.view(-1))
-                bucket.write_back(self._as_bucket_view, self._globally_unused)
-                bucket.views_out = bucket.views_in
+                bucket.write_back(result, self._as_bucket_view, unused)
         if self._used_work is not None:
             self._used_work.wait()
             self._used_work = None
         if self._dynamic_find_unused():
-            self._local_used.zero_()
+            self._readiness.clear_used()
         self._div_factor = None
         self._forward_work = None
-        self.times.comm_end = time.perf_counter_ns()
+        self.times.comm_end = time.time_ns()
 
-    def _globally_unused(self, index: int) -> bool:
-        if not (self._static_graph or self._find_unused) or self._local_used[index] != 0:
-            return False
+    def _globally_unused(self) -> frozenset[int]:
+        """Parameters no rank used this iteration (only tracked with find_unused/static)."""
+        if not (self._static_graph or self._find_unused):
+            return frozenset()
+        local = memoryview(self._readiness.used_bytes()).cast("i")
+        if all(local):
+            return frozenset()
         if self._used_work is not None:
             self._used_work.wait()
             self._used_work = None
-        return self._global_used is not None and int(self._global_used[index]) == 0
+        if self._global_used is None:
+            return frozenset()
+        return frozenset(i for i, n in enumerate(self._global_used.tolist()) if n == 0)
 
     # ---- hooks, static graph, logging -------------------------------------------------
 
@@ -361,7 +359,10 @@ class Reducer(ReducerJoinSupport):
                 if kind == "builtin"
                 else ("register_comm_hook", "register_builtin_comm_hook")
             )
-            raise RuntimeError(f"{first} or {second} can only be called once.")
+            message = f"{first} or {second} can only be called once."
+            if self.logger is not None:
+                self.logger.set_error_and_log(message)
+            raise RuntimeError(message)
         self._comm_hook = hook
         self._comm_hook_kind = kind
 
@@ -373,14 +374,14 @@ class Reducer(ReducerJoinSupport):
                 "and after DistributedDataParallel is constructed."
             )
         self._static_graph = True
+        self._set_mode(armed=False)
 
     def _ddp_graph_static(self) -> bool:
         """Whether every iteration so far used the same parameters (torch's heuristic)."""
         return self._num_iterations > 0 and not self._unused
 
     def _check_reducer_finalized(self) -> None:
-        if self._require_finalize:
-            self._ensure_prior_reduction_finished()
+        self._ensure_prior_reduction_finished()
 
     def _remove_autograd_hooks(self) -> None:
         for handle in self._hook_handles:
@@ -388,9 +389,6 @@ class Reducer(ReducerJoinSupport):
         self._hook_handles = []
 
     def _reset_state(self) -> None:
-        self._expect_hooks = False
-        self._require_finalize = False
-        self._ready = set()
         self._reset_bucket_counting()
 
     def set_logger(self, logger: Any) -> None:

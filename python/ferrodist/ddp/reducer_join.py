@@ -20,8 +20,7 @@ class ReducerJoinSupport:
 
     _buckets: list[Bucket]
     _params: list[torch.Tensor]
-    _local_used: torch.Tensor
-    _rebuilt_indices: list[int]
+    _readiness: Any
     _forward_work: Any
     _static_world_size: bool
 
@@ -36,7 +35,7 @@ class ReducerJoinSupport:
         ]
 
     def _get_local_used_map(self) -> torch.Tensor:
-        return self._local_used
+        return torch.frombuffer(bytearray(self._readiness.used_bytes()), dtype=torch.int32)
 
     def _push_all_rebuilt_params(self) -> None:
-        self._rebuilt_indices = list(range(len(self._params)))
+        self._readiness.set_rebuild_order(list(range(len(self._params))))

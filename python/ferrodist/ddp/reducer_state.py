@@ -8,7 +8,9 @@ from typing import Mapping, Sequence
 
 @dataclass
 class RuntimeTimes:
-    """Nanosecond stamps of the last iteration (``time.perf_counter_ns``), read by the Logger.
+    """Nanosecond stamps of the last iteration, read by the Logger.
+
+    Wall-clock ``time.time_ns``, as torch logs them (``*_time_start``/``*_time_end`` keys).
 
     ``backward_compute_end - comm_start`` is how long communication ran while backward was
     still computing: the overlap DDP exists for.
