@@ -17,37 +17,28 @@
 //!   wait with CANCEL_WAIT, each call under a deadline); raw wire keys, no `/` prefix.
 //! * [`store`]: [`TcpStore`], the blocking torch-compatible [`crate::store::Store`] over a
 //!   client (user keys get torch's `/` prefix), hosting a server when it is the master.
-//! * [`conn_pool`]: a store's connections, one per concurrent call (a wait in one thread
-//!   blocks no other thread's call), forgotten after `fork`.
-//! * [`shutdown`]: the stop signal and drain used by the server.
-//! * [`log_budget`]: at most so many warnings a second from one call site.
-//! * [`handshake_deadline`]: closes connections that never send VALIDATE.
+//! * [`client::conn_pool`]: a store's connections, one per concurrent call (a wait in one
+//!   thread blocks no other thread's call), forgotten after `fork`.
+//! * [`server::shutdown`]: the stop signal and drain used by the server.
+//! * [`server::log_budget`]: at most so many warnings a second from one call site.
+//! * [`server::handshake_deadline`]: closes connections that never send VALIDATE.
 //! * [`cli`]: `ServerArgs` and `run_until_signal`, the body of the `ferrodist-store` binary.
 //! * [`signals`]: SIGINT/SIGTERM held from `main`'s first instant until the handlers exist.
 //!
 //! # Files
 //!
 //! * `codec/`: wire format (`request.rs`, `reply.rs`, shared primitives in `mod.rs`).
-//! * `handler.rs`: one connection; `outbox.rs`: its replies not yet written.
-//! * `server.rs`: bind and accept; `shutdown.rs`: stop signal and drain.
-//! * `client.rs`: the client's protocol sequences (`client_no_ping.rs`: the handshake for torch
-//!   2.4's servers, which have no PING); `client_socket.rs`: its socket, read by the
-//!   calling thread with a deadline; `store.rs` + `store_impl.rs`: the Store facade;
-//!   `store_barrier.rs`: its barrier on servers with and without BARRIER (torch < 2.13);
-//!   `conn_pool.rs`: its connections.
+//! * `server/`: bind and accept, one task per connection, replies, shutdown, the handshake
+//!   deadline and the log budget; it serves [`crate::store::db`].
+//! * `client/`: the protocol sequences of one connection, its socket, the handshake for servers
+//!   without PING, and a store's pool of connections.
+//! * `store/`: the Store facade over the client (`ops.rs`: each method; `barrier.rs`).
 //! * `cli.rs`: the `ferrodist-store` command line; `signals.rs`: its SIGINT/SIGTERM.
 
 pub mod cli;
 pub mod client;
-pub mod client_socket;
 pub mod codec;
-pub mod conn_pool;
-pub mod handler;
-pub mod handshake_deadline;
-pub mod log_budget;
-pub mod outbox;
 pub mod server;
-pub mod shutdown;
 pub mod signals;
 pub mod store;
 

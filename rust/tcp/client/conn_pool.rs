@@ -1,4 +1,4 @@
-//! The connections of one [`super::TcpStore`]: idle clients, checked out one per call.
+//! The connections of one [`crate::tcp::TcpStore`]: idle clients, checked out one per call.
 //!
 //! torch's client has one connection per store object, held for a whole call, so a `wait` in
 //! one thread blocks every other thread's `set` on the same store until it ends (measured: a
@@ -14,7 +14,7 @@
 
 use std::sync::Mutex;
 
-use super::client::Client;
+use super::Client;
 use crate::error::Result;
 use crate::store::Deadline;
 

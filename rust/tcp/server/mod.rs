@@ -14,6 +14,21 @@
 //! Everything runs on the process's one tokio runtime ([`crate::runtime`]); [`Server::start`]
 //! returns at once with a handle whose drop (or [`Server::shutdown`]) stops the server and waits
 //! for its connections to finish.
+//!
+//! # Files
+//!
+//! * `mod.rs`: bind, accept, the [`Server`] handle; `handler.rs`: one connection;
+//!   `outbox.rs`: its replies not yet written (large MULTI_GET replies streamed);
+//!   `shutdown.rs`: stop signal and drain; `handshake_deadline.rs`: closes connections that
+//!   never validate; `log_budget.rs`: at most so many warnings a second per call site.
+//!
+//! The key-value state the server serves is [`crate::store::db`], shared with HashStore.
+
+pub mod handler;
+pub mod handshake_deadline;
+pub mod log_budget;
+pub mod outbox;
+pub mod shutdown;
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::time::Duration;
@@ -21,11 +36,11 @@ use std::time::Duration;
 use socket2::{Domain, Protocol, Socket, Type};
 use tokio::net::TcpListener;
 
-use super::codec::Limits;
-use super::handler::Handler;
-use super::shutdown::{self, Drain, Shutdown, Trigger};
+use self::handler::Handler;
+use self::shutdown::{Drain, Shutdown, Trigger};
 use crate::error::{Error, Result};
 use crate::store::db::Db;
+use crate::tcp::codec::Limits;
 
 /// Listen backlog asked for; the kernel lowers it to `net.core.somaxconn`.
 pub const DEFAULT_BACKLOG: i32 = 65_535;
@@ -277,7 +292,7 @@ impl Drop for Server {
 const NODELAY_INHERITED: bool = cfg!(target_os = "linux");
 
 /// `accept` failures (out of descriptors, say) are logged at most once a second.
-static ACCEPT_LOG: super::log_budget::LogBudget = super::log_budget::LogBudget::new(1);
+static ACCEPT_LOG: log_budget::LogBudget = log_budget::LogBudget::new(1);
 
 /// Accepts connections until shutdown; each gets its own task.
 pub async fn accept_loop(

@@ -29,15 +29,15 @@ use bytes::BytesMut;
 use tokio::io::{AsyncRead, ReadBuf};
 use tokio::net::TcpStream;
 
-use super::codec::{
-    decode_request, scan_request, FrameError, Limits, Reply, Request, Scan, FERRODIST_PING,
-    FERRODIST_PONG, STOP_WAITING, VALIDATE_MAGIC, WAIT_CANCELED,
-};
 use super::handshake_deadline::{self, Slot};
 use super::log_budget::LogBudget;
 use super::outbox::Outbox;
 use super::shutdown::Shutdown;
 use crate::store::db::{Db, Waiter};
+use crate::tcp::codec::{
+    decode_request, scan_request, FrameError, Limits, Reply, Request, Scan, FERRODIST_PING,
+    FERRODIST_PONG, STOP_WAITING, VALIDATE_MAGIC, WAIT_CANCELED,
+};
 
 /// Most requests a client may queue behind one pending WAIT.
 const MAX_HELD_REQUESTS: usize = 1024;
@@ -302,9 +302,9 @@ impl Handler {
                     .map_err(|e| Closed::Refused(e.to_string()))?,
             ),
             Request::Check { keys } => Reply::Byte(if db.check(&keys) {
-                super::codec::READY
+                crate::tcp::codec::READY
             } else {
-                super::codec::NOT_READY
+                crate::tcp::codec::NOT_READY
             }),
             Request::Wait { keys } => match db.wait(keys) {
                 None => Reply::Byte(STOP_WAITING),
@@ -378,7 +378,7 @@ fn request_bytes(request: &Request) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tcp::shutdown;
+    use crate::tcp::server::shutdown;
 
     /// A storm keeps one of these futures alive per rank: 16384 ranks at 1 KiB each was most
     /// of the server's memory. tokio rounds a task up to 128 bytes; at 288 bytes or less it

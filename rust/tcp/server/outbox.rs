@@ -22,7 +22,7 @@ use std::task::{ready, Context, Poll};
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use tokio::io::AsyncWrite;
 
-use super::codec::Reply;
+use crate::tcp::codec::Reply;
 
 /// Values at least this long are written from shared memory instead of being copied.
 const SHARE_AT_BYTES: usize = 4 * 1024;

@@ -5,8 +5,8 @@
 //! counter is the bare `init/`) so it shares one key space with stock torch clients, and it runs
 //! every call on the caller's thread with a deadline: nothing waits forever, a server that stops
 //! answering fails the call with a network error within the store timeout (torch's client would
-//! hang in `recv`). Calls from several threads take turns on the one connection; each holds it
-//! for at most its own deadline.
+//! hang in `recv`). Calls from several threads run side by side, each on a connection of its
+//! own from the store's [`ConnPool`].
 //!
 //! A master hosts the server in its own process, on the runtime (no thread of its own), and
 //! counts workers by waiting on the server's state directly rather than polling it. With
@@ -16,6 +16,12 @@
 //! makes one reconnect attempt before failing, so a store survives a restarted server.
 //!
 //! Its calls block the calling thread: do not make them from inside the runtime (an async task).
+//!
+//! # Files
+//!
+//! * `mod.rs`: construction, hosting, the connection per call; `ops.rs`: each [`Store`] method
+//!   as torch's wire sequence; `barrier.rs`: `barrier` on servers with and without BARRIER
+//!   (torch < 2.13 closes the connection on it).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock, Weak};
@@ -23,12 +29,12 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
-use super::client::Client;
-use super::codec::{Limits, Reply, Request};
-use super::conn_pool::ConnPool;
-use super::server::{Server, ServerConfig};
 use crate::error::{Error, Result};
 use crate::store::{Deadline, Store};
+use crate::tcp::client::conn_pool::ConnPool;
+use crate::tcp::client::Client;
+use crate::tcp::codec::{Limits, Reply, Request};
+use crate::tcp::server::{self, Server, ServerConfig};
 
 /// Extra time a wait's call gets beyond the wait itself, for cancelling an earlier wait.
 const CANCEL_GRACE: Duration = Duration::from_secs(10);
@@ -102,7 +108,7 @@ pub struct TcpStore {
     conns: ConnPool,
     server: Option<Arc<Server>>,
     /// Whether the server handles BARRIER (torch < 2.13 does not); see `store_barrier.rs`.
-    barrier_support: store_barrier::BarrierSupport,
+    barrier_support: barrier::BarrierSupport,
 }
 
 fn wire(key: &str) -> Bytes {
@@ -298,8 +304,8 @@ fn host_server(options: &TcpStoreOptions) -> Result<(Option<Arc<Server>>, bool)>
         ..ServerConfig::default()
     };
     let listener = match options.master_listen_fd {
-        Some(fd) => super::server::adopt(fd, options.port, config.backlog)?,
-        None => super::server::bind(&config)?,
+        Some(fd) => server::adopt(fd, options.port, config.backlog)?,
+        None => server::bind(&config)?,
     };
     let server = Arc::new(Server::serve(listener, &config)?);
     tenants.retain(|_, weak| weak.strong_count() > 0);
@@ -314,8 +320,6 @@ fn expect_value(reply: Option<Reply>) -> Result<Vec<u8>> {
     }
 }
 
-#[path = "store_impl.rs"]
-mod store_impl;
+mod ops;
 
-#[path = "store_barrier.rs"]
-mod store_barrier;
+mod barrier;

@@ -23,20 +23,29 @@
 //! [`Error::ConnectionClosed`], so the owner reconnects instead of reading a stale reply. A wait
 //! that passes its own (shorter) timeout is not broken; see [`Client::wait_then`].
 
+//!
+//! # Files
+//!
+//! * `mod.rs`: the [`Client`] and its protocol sequences; `socket.rs`: its socket, read by the
+//!   calling thread with a deadline; `no_ping.rs`: the handshake for torch 2.4's servers,
+//!   which have no PING; `conn_pool.rs`: a store's connections, one per concurrent call.
+
+pub mod conn_pool;
+pub mod socket;
+
 use std::net::{IpAddr, SocketAddr, TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 
-use super::client_socket::{ClientSocket, Filled};
-use super::codec::{
+use self::socket::{ClientSocket, Filled};
+use crate::error::{Error, Result};
+use crate::store::Deadline;
+use crate::tcp::codec::{
     decode_reply, scan_request, Limits, Reply, ReplyKind, Request, FERRODIST_PING, FERRODIST_PONG,
     NOT_READY, READY, STOP_WAITING, VALIDATE_MAGIC, WAIT_CANCELED,
 };
-use crate::error::{Error, Result};
-use crate::store::Deadline;
 
-#[path = "client_no_ping.rs"]
 mod no_ping;
 
 /// First reconnect delay, as torch's client.

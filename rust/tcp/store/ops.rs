@@ -67,7 +67,11 @@ impl TcpStore {
             port: self.port,
             use_libuv: self.use_libuv,
             timeout: std::sync::Mutex::new(timeout),
-            conns: crate::tcp::conn_pool::ConnPool::new(&self.host, self.port, Some(client)),
+            conns: crate::tcp::client::conn_pool::ConnPool::new(
+                &self.host,
+                self.port,
+                Some(client),
+            ),
             server: self.server.clone(),
             barrier_support: Default::default(),
         })
