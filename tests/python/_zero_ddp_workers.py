@@ -171,7 +171,11 @@ def check_sharded_optimizer_dtensor(rank: int, world: int) -> None:
     """ShardedOptimizer over DTensor shards == the plain optimizer on the full tensor, and its
     state dict round-trips (torch's raises NotImplementedError)."""
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import Shard, distribute_tensor
+
+    try:
+        from torch.distributed.tensor import Shard, distribute_tensor
+    except ImportError:  # torch 2.4 keeps DTensor in the private module
+        from torch.distributed._tensor import Shard, distribute_tensor  # type: ignore[no-redef]
 
     mesh = init_device_mesh("cpu", (world,))
     torch.manual_seed(0)

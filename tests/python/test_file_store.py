@@ -74,6 +74,8 @@ def _lifecycle(
 @pytest.mark.parametrize("world_size", [-1, 1, 2, 3])
 @pytest.mark.parametrize("clone", [False, True])
 def test_cleanup_on_last_close_matches_torch(tmp_path: Path, world_size: int, clone: bool) -> None:
+    if clone and not hasattr(tdist.Store, "clone"):
+        pytest.skip("this torch's stores have no clone() to compare with (torch 2.4)")
     theirs = _lifecycle(tdist.FileStore, str(tmp_path / "torch"), world_size, clone)
     ours = _lifecycle(ferrodist.FileStore, str(tmp_path / "ours"), world_size, clone)
     assert ours == theirs

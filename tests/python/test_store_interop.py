@@ -127,7 +127,8 @@ def test_ferrodist_prefix_store_wraps_any_store(make_base: object) -> None:
     with pytest.raises(tdist.DistStoreError, match="missing"):
         store.wait(["missing"])
     assert store.delete_key("k")
-    assert isinstance(store.clone(), ferrodist.PrefixStore)
+    if hasattr(base, "clone"):  # torch 2.4's stores have none to clone through
+        assert isinstance(store.clone(), ferrodist.PrefixStore)
 
 
 def test_prefix_store_arguments_are_checked_like_torch() -> None:

@@ -49,13 +49,14 @@ def _keys_on(port: int) -> list[str]:
 def test_init_process_group_tcp_url_against_ferrodist_store() -> None:
     # torch's agent-store mode: every rank is a client of the running server (rank 0 does not
     # try to host one). torch 2.15 honours it only for the agent's own MASTER_ADDR:MASTER_PORT,
-    # which torchrun exports alongside it.
+    # which torchrun exports alongside it, as it does the restart count.
     with ferrodist_store() as server:
         env = {
             **os.environ,
             "TORCHELASTIC_USE_AGENT_STORE": "True",
             "MASTER_ADDR": "127.0.0.1",
             "MASTER_PORT": str(server.port),
+            "TORCHELASTIC_RESTART_COUNT": "0",  # torch 2.4 reads it in this mode
         }
         procs = [
             subprocess.Popen(
