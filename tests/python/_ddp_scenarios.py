@@ -292,7 +292,9 @@ def delayed_all_reduce() -> dict[str, Any]:
         delayed = [(n, p) for n, p in net.named_parameters() if n.startswith("out.")]
         wrapped = ddp_cls(
             net,
-            bucket_cap_mb=0.01,
+            # An int: torch before 2.13 hands bucket_cap_mb to _broadcast_coalesced as the
+            # buffer size on this path, and a float there is a TypeError.
+            bucket_cap_mb=1,
             delay_all_reduce_named_params=delayed,
             param_to_hook_all_reduce=net.inp.weight,
         )
