@@ -146,13 +146,7 @@ pub trait Store: Send + Sync {
 
     /// Sets every pair in order. Default: one set per pair.
     fn multi_set(&self, keys: &[String], values: &[Vec<u8>]) -> Result<()> {
-        if keys.len() != values.len() {
-            return Err(Error::InvalidArgument(format!(
-                "multi_set: {} keys but {} values",
-                keys.len(),
-                values.len()
-            )));
-        }
+        same_length(keys, values)?;
         keys.iter()
             .zip(values)
             .try_for_each(|(k, v)| self.set(k, v))
@@ -281,6 +275,18 @@ pub fn sliced<T>(
             other => return other,
         }
     }
+}
+
+/// `multi_set`'s one argument rule, for every store: as many values as keys.
+pub fn same_length(keys: &[String], values: &[Vec<u8>]) -> Result<()> {
+    if keys.len() == values.len() {
+        return Ok(());
+    }
+    Err(Error::InvalidArgument(format!(
+        "multi_set: {} keys but {} values",
+        keys.len(),
+        values.len()
+    )))
 }
 
 /// Parses a counter the way torch's stores do (`std::stoll`): optional leading whitespace and

@@ -164,13 +164,7 @@ impl Store for TcpStore {
     }
 
     fn multi_set(&self, keys: &[String], values: &[Vec<u8>]) -> Result<()> {
-        if keys.len() != values.len() {
-            return Err(Error::InvalidArgument(format!(
-                "multi_set: {} keys but {} values",
-                keys.len(),
-                values.len()
-            )));
-        }
+        crate::store::same_length(keys, values)?;
         let pairs = keys
             .iter()
             .zip(values)
