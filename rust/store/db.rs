@@ -196,16 +196,30 @@ impl Db {
 
     /// ADD: a missing key counts as 0; a value that is not an integer is an error and nothing
     /// changes. The sum wraps on overflow, as torch's does.
-    pub fn add(&self, key: Bytes, delta: i64) -> Result<i64> {
+    ///
+    /// The key is copied only when it is new: a counter that exists is updated in place (one
+    /// lookup, no key allocation), which is every `add` of a rendezvous after the first.
+    pub fn add(&self, key: &[u8], delta: i64) -> Result<i64> {
         let mut state = self.lock();
-        let current = match state.values.get(&key) {
-            None => 0,
-            Some(v) if v.is_empty() && state.policy.empty_value_counts_as_zero => 0,
-            Some(v) => parse_counter(&String::from_utf8_lossy(&key), v)?,
+        let empty_is_zero = state.policy.empty_value_counts_as_zero;
+        let next = match state.values.get_mut(key) {
+            Some(value) => {
+                let current = if value.is_empty() && empty_is_zero {
+                    0
+                } else {
+                    parse_counter(&String::from_utf8_lossy(key), value)?
+                };
+                let next = current.wrapping_add(delta);
+                *value = Bytes::from(next.to_string());
+                next
+            }
+            None => {
+                let key = Bytes::copy_from_slice(key);
+                state.values.insert(key, Bytes::from(delta.to_string()));
+                delta
+            }
         };
-        let next = current.wrapping_add(delta);
-        state.waits.wake(&key);
-        state.values.insert(key, Bytes::from(next.to_string()));
+        state.waits.wake(key);
         Ok(next)
     }
 
@@ -471,12 +485,12 @@ mod tests {
     fn add_follows_torch_on_bad_values_and_overflow() {
         let db = Db::new();
         db.set(b("k"), b("12abc"));
-        assert_eq!(db.add(b("k"), 1).unwrap(), 13);
+        assert_eq!(db.add(b"k", 1).unwrap(), 13);
         db.set(b("bad"), b("abc"));
-        assert!(db.add(b("bad"), 1).is_err());
+        assert!(db.add(b"bad", 1).is_err());
         assert_eq!(db.get(b"bad"), b("abc"));
         db.set(b("max"), Bytes::from(i64::MAX.to_string()));
-        assert_eq!(db.add(b("max"), 1).unwrap(), i64::MIN);
+        assert_eq!(db.add(b"max", 1).unwrap(), i64::MIN);
     }
 
     #[test]

@@ -107,7 +107,7 @@ impl Store for HashStore {
     }
 
     fn add(&self, key: &str, amount: i64) -> Result<i64> {
-        self.db.add(key_bytes(key), amount)
+        self.db.add(key.as_bytes(), amount)
     }
 
     fn compare_set(&self, key: &str, expected: &[u8], desired: &[u8]) -> Result<Vec<u8>> {

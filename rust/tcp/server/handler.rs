@@ -298,7 +298,7 @@ impl Handler {
             } => Reply::Value(db.compare_set(key, expected, desired)),
             Request::Get { key } => Reply::Value(db.get(&key)),
             Request::Add { key, delta } => Reply::Int(
-                db.add(key, delta)
+                db.add(&key, delta)
                     .map_err(|e| Closed::Refused(e.to_string()))?,
             ),
             Request::Check { keys } => Reply::Byte(if db.check(&keys) {
