@@ -210,8 +210,9 @@ impl Client {
         Err(last)
     }
 
-    fn handshake(socket: ClientSocket, peer: String, deadline: Deadline) -> Result<Client> {
-        let mut client = Client {
+    /// A client on a connected socket that has not shaken hands yet.
+    fn unshaken(socket: ClientSocket, peer: String, deadline: Deadline) -> Client {
+        Client {
             socket,
             peer,
             deadline,
@@ -221,7 +222,11 @@ impl Client {
             ferrodist_server: false,
             pending: None,
             busy: false,
-        };
+        }
+    }
+
+    fn handshake(socket: ClientSocket, peer: String, deadline: Deadline) -> Result<Client> {
+        let mut client = Client::unshaken(socket, peer, deadline);
         Request::Validate {
             magic: VALIDATE_MAGIC,
         }

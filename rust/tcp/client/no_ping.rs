@@ -9,9 +9,8 @@
 //! apply. A server that fails this too gets the first error back, which says more.
 
 use std::net::{SocketAddr, TcpStream};
-use std::time::Instant;
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 
 use super::{Client, ClientSocket};
 use crate::error::{Error, Result};
@@ -40,17 +39,7 @@ pub(super) fn without_ping(
     let Ok(socket) = stream.and_then(|s| ClientSocket::new(s, deadline.timeout())) else {
         return Err(first);
     };
-    let mut client = Client {
-        socket,
-        peer,
-        deadline,
-        peer_checked: Instant::now(),
-        input: BytesMut::with_capacity(4096),
-        output: BytesMut::with_capacity(4096),
-        ferrodist_server: false,
-        pending: None,
-        busy: false,
-    };
+    let mut client = Client::unshaken(socket, peer, deadline);
     Request::Validate {
         magic: VALIDATE_MAGIC,
     }
