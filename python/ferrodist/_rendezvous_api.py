@@ -95,18 +95,23 @@ def _tcp_store(
     )
 
 
+def _rank_and_world_size(scheme: str, query: dict[str, str]) -> tuple[int, int]:
+    """``rank`` and ``world_size`` from a URL's query, with torch's errors when either is absent."""
+    if "rank" not in query:
+        raise _error(scheme, "rank parameter missing")
+    if "world_size" not in query:
+        raise _error(scheme, "world size parameter missing")
+    return int(query["rank"]), int(query["world_size"])
+
+
 def _tcp_handler(url: str, timeout: timedelta = _tdist.default_pg_timeout, **_: Any) -> _Yield:
     parsed = urlparse(url)
     if parsed.port is None:
         raise _error("tcp", "port number missing")
     query = _query(url)
-    if "rank" not in query:
-        raise _error("tcp", "rank parameter missing")
-    if "world_size" not in query:
-        raise _error("tcp", "world size parameter missing")
+    rank, world_size = _rank_and_world_size("tcp", query)
     if parsed.hostname is None:
         raise AssertionError("hostname cannot be None")
-    rank, world_size = int(query["rank"]), int(query["world_size"])
     libuv = use_libuv_from({k: [v] for k, v in query.items()})
     yield (
         _tcp_store(parsed.hostname, parsed.port, rank, world_size, timeout, libuv),
@@ -143,12 +148,7 @@ def _file_handler(url: str, **_: Any) -> _Yield:
     path = parsed.path or parsed.netloc
     if not path:
         raise _error("file", "path missing")
-    query = _query(url)
-    if "rank" not in query:
-        raise _error("file", "rank parameter missing")
-    if "world_size" not in query:
-        raise _error("file", "world size parameter missing")
-    rank, world_size = int(query["rank"]), int(query["world_size"])
+    rank, world_size = _rank_and_world_size("file", _query(url))
     yield FileStore(path, world_size), rank, world_size
     raise RuntimeError("Unable to perform rerendezvous using file:// method")
 

@@ -103,6 +103,17 @@ def _factor_of(op: Any) -> Any:
     return factor if factor is not None else op.__getstate__()[1]
 
 
+def _premultiplied(
+    op: Any, output: torch.Tensor, input: torch.Tensor, group: Optional[ProcessGroup]
+) -> tuple[torch.Tensor, Any]:
+    """For a one-tensor reduce-scatter: a scaled copy of ``input`` and SUM where ``op`` is a
+    PREMUL_SUM the backend cannot run, else ``input`` and ``op`` unchanged."""
+    factor = _premul_factor(op, output, group) if op.__class__ is ReduceOp else None
+    if factor is None:
+        return input, op
+    return input * factor, _SUM
+
+
 def all_reduce(
     tensor: torch.Tensor,
     op: Any = _SUM,
@@ -167,10 +178,7 @@ def reduce_scatter_tensor(
     async_op: bool = False,
 ) -> Optional[Work]:
     """``torch.distributed.reduce_scatter_tensor``; ``PREMUL_SUM`` also works on gloo."""
-    factor = _premul_factor(op, output, group) if op.__class__ is ReduceOp else None
-    if factor is not None:
-        input = input * factor
-        op = _SUM
+    input, op = _premultiplied(op, output, input, group)
     return _torch_reduce_scatter_tensor(output, input, op, group, async_op)
 
 
@@ -185,10 +193,7 @@ if hasattr(_tdist, "reduce_scatter_single"):  # torch >= 2.13
         async_op: bool = False,
     ) -> Optional[Work]:
         """``torch.distributed.reduce_scatter_single``; ``PREMUL_SUM`` also works on gloo."""
-        factor = _premul_factor(op, output, group) if op.__class__ is ReduceOp else None
-        if factor is not None:
-            input = input * factor
-            op = _SUM
+        input, op = _premultiplied(op, output, input, group)
         return _torch_reduce_scatter_single(output, input, op, group, async_op)
 
     __all__ += ["reduce_scatter_single"]
