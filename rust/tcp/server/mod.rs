@@ -422,8 +422,8 @@ pub async fn accept_loop(
             Ok((stream, peer)) => {
                 let open = shared.metrics.open_connections();
                 if shared.max_connections.is_some_and(|max| open >= max) {
-                    drop(stream);
                     shared.metrics.refused(Refusal::MaxConnections);
+                    drop(stream);
                     if let Some(suppressed) = OVER_CAP_LOG.admit() {
                         tracing::warn!(%peer, open, suppressed,
                             "refused a connection: --max-connections are open");
