@@ -46,7 +46,9 @@ fn set_then_get(client: &mut Client, key: &str) -> Bytes {
         value: Bytes::from_static(b"v"),
     };
     client.call(deadline(), &set).unwrap();
-    client.call_value(deadline(), &Request::Get { key }).unwrap()
+    client
+        .call_value(deadline(), &Request::Get { key })
+        .unwrap()
 }
 
 /// Waits until `cond` holds (the server counts a refusal when the connection's task ends).
@@ -71,7 +73,9 @@ fn a_client_holding_the_token_is_admitted_and_served() {
 fn a_wrong_token_fails_at_once_with_an_authentication_error_that_hides_both_tokens() {
     let server = server_with_token(false);
     let started = Instant::now();
-    let err = connect(&server, Some(&token("not the secret"))).err().expect("refused");
+    let err = connect(&server, Some(&token("not the secret")))
+        .err()
+        .expect("refused");
     assert!(
         started.elapsed() < Duration::from_secs(5),
         "refused in {:?}: the refusal must not be retried into the timeout",
@@ -126,9 +130,7 @@ fn a_stock_client_is_refused_unless_the_operator_admits_them() {
     let lenient = server_with_token(true);
     let mut stream = stock_handshake(&lenient);
     assert_eq!(read_n(&stream, 4), 4242u32.to_le_bytes(), "PING echoed");
-    stream
-        .write_all(&frames(&[Request::GetNumKeys]))
-        .unwrap();
+    stream.write_all(&frames(&[Request::GetNumKeys])).unwrap();
     assert_eq!(read_n(&stream, 8), 0i64.to_le_bytes(), "served");
 }
 
@@ -153,10 +155,17 @@ fn the_proof_is_an_hmac_of_a_fresh_challenge_and_a_replayed_one_is_refused() {
     first.write_all(&proof).unwrap();
     assert_eq!(read_n(&first, 1), [ADMITTED]);
     first.write_all(&frames(&[Request::GetNumKeys])).unwrap();
-    assert_eq!(read_n(&first, 8), 0i64.to_le_bytes(), "served after the proof");
+    assert_eq!(
+        read_n(&first, 8),
+        0i64.to_le_bytes(),
+        "served after the proof"
+    );
 
     let (mut second, other_challenge) = challenged(&server);
-    assert_ne!(challenge, other_challenge, "every connection gets its own challenge");
+    assert_ne!(
+        challenge, other_challenge,
+        "every connection gets its own challenge"
+    );
     second.write_all(&proof).unwrap(); // the first connection's proof, replayed
     assert_eq!(read_n(&second, 1), [REFUSED]);
     assert!(is_closed(&second));
@@ -186,7 +195,10 @@ fn beyond_max_connections_new_ones_are_closed_and_admitted_ones_carry_on() {
     assert!(is_closed(&extra), "the fourth connection is closed");
     assert_eq!(server.metrics().refused_count(Refusal::MaxConnections), 1);
     for (i, client) in admitted.iter_mut().enumerate() {
-        assert_eq!(set_then_get(client, &format!("/k{i}")), Bytes::from_static(b"v"));
+        assert_eq!(
+            set_then_get(client, &format!("/k{i}")),
+            Bytes::from_static(b"v")
+        );
     }
     drop(admitted.pop());
     eventually("one left", || server.metrics().open_connections() == 2);

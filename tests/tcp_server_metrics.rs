@@ -89,19 +89,36 @@ fn the_numbers_move_with_real_traffic() {
     let mut breaker = raw(&server, true);
     breaker.write_all(&[0xEE]).unwrap(); // no such opcode
     assert!(is_closed(&breaker));
-    eventually("the frame is counted", || server.metrics().rejected_frames() == 1);
+    eventually("the frame is counted", || {
+        server.metrics().rejected_frames() == 1
+    });
 
     let text = scrape(&server);
     assert_eq!(sample(&text, "ferrodist_store_keys"), 2.0);
     assert_eq!(sample(&text, "ferrodist_store_stored_bytes"), 10.0);
     assert_eq!(sample(&text, "ferrodist_store_pending_waits"), 1.0);
     assert_eq!(sample(&text, "ferrodist_store_open_connections"), 2.0);
-    assert_eq!(sample(&text, "ferrodist_store_connections_accepted_total"), 3.0);
+    assert_eq!(
+        sample(&text, "ferrodist_store_connections_accepted_total"),
+        3.0
+    );
     assert_eq!(sample(&text, "ferrodist_store_rejected_frames_total"), 1.0);
-    assert_eq!(sample(&text, "ferrodist_store_requests_total{opcode=\"set\"}"), 2.0);
-    assert_eq!(sample(&text, "ferrodist_store_requests_total{opcode=\"get\"}"), 1.0);
-    assert_eq!(sample(&text, "ferrodist_store_requests_total{opcode=\"wait\"}"), 1.0);
-    assert_eq!(sample(&text, "ferrodist_store_requests_total{opcode=\"ping\"}"), 2.0);
+    assert_eq!(
+        sample(&text, "ferrodist_store_requests_total{opcode=\"set\"}"),
+        2.0
+    );
+    assert_eq!(
+        sample(&text, "ferrodist_store_requests_total{opcode=\"get\"}"),
+        1.0
+    );
+    assert_eq!(
+        sample(&text, "ferrodist_store_requests_total{opcode=\"wait\"}"),
+        1.0
+    );
+    assert_eq!(
+        sample(&text, "ferrodist_store_requests_total{opcode=\"ping\"}"),
+        2.0
+    );
     let count = sample(&text, "ferrodist_store_request_duration_seconds_count");
     let inf = sample(
         &text,
@@ -111,7 +128,10 @@ fn the_numbers_move_with_real_traffic() {
     assert_eq!(inf, count);
     assert!(sample(&text, "ferrodist_store_request_duration_seconds_sum") > 0.0);
     let in_process = server.render_metrics();
-    assert!(in_process.contains("ferrodist_store_keys 2"), "{in_process}");
+    assert!(
+        in_process.contains("ferrodist_store_keys 2"),
+        "{in_process}"
+    );
     drop((client, waiter));
 }
 
@@ -123,7 +143,10 @@ fn health_answers_and_unknown_requests_get_http_errors() {
         http(addr, "GET /healthz HTTP/1.1\r\n\r\n"),
         ("HTTP/1.1 200 OK".into(), "ok\n".into())
     );
-    assert_eq!(http(addr, "GET /nope HTTP/1.1\r\n\r\n").0, "HTTP/1.1 404 Not Found");
+    assert_eq!(
+        http(addr, "GET /nope HTTP/1.1\r\n\r\n").0,
+        "HTTP/1.1 404 Not Found"
+    );
     assert_eq!(
         http(addr, "POST /metrics HTTP/1.1\r\n\r\n").0,
         "HTTP/1.1 405 Method Not Allowed"
@@ -143,7 +166,11 @@ fn a_silent_scraper_holds_up_no_other_scrape() {
     let started = Instant::now();
     let text = scrape(&server);
     assert!(text.contains("ferrodist_store_keys 0"));
-    assert!(started.elapsed() < Duration::from_secs(2), "{:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
 }
 
 #[test]

@@ -5,7 +5,8 @@
 //! key. A server started with a token admits only clients that prove they hold it, inside the
 //! handshake torch already has, so nothing changes for anyone who does not use it:
 //!
-//! 1. The client sends VALIDATE and PING with [`FERRODIST_PING`] in one write, as always.
+//! 1. The client sends VALIDATE and PING with [`FERRODIST_PING`](crate::tcp::codec::FERRODIST_PING) in
+//!    one write, as always.
 //! 2. A server with a token answers [`FERRODIST_PONG_AUTH`] (instead of `FERRODIST_PONG`) and a
 //!    fresh random challenge of [`CHALLENGE_LEN`] bytes.
 //! 3. The client answers HMAC-SHA256(token, [`PROOF_CONTEXT`] ‖ challenge): [`PROOF_LEN`] raw
@@ -87,10 +88,7 @@ impl AuthToken {
             ))
         })?;
         AuthToken::new(&text).map_err(|_| {
-            Error::InvalidArgument(format!(
-                "the auth token file {} is empty",
-                path.display()
-            ))
+            Error::InvalidArgument(format!("the auth token file {} is empty", path.display()))
         })
     }
 
@@ -98,9 +96,9 @@ impl AuthToken {
     /// neither is set (or [`TOKEN_ENV`] is empty and no file is named).
     pub fn from_env() -> Result<Option<AuthToken>> {
         if let Some(text) = std::env::var_os(TOKEN_ENV).filter(|v| !v.is_empty()) {
-            let text = text.into_string().map_err(|_| {
-                Error::InvalidArgument(format!("{TOKEN_ENV} is not UTF-8 text"))
-            })?;
+            let text = text
+                .into_string()
+                .map_err(|_| Error::InvalidArgument(format!("{TOKEN_ENV} is not UTF-8 text")))?;
             return AuthToken::new(&text)
                 .map(Some)
                 .map_err(|_| Error::InvalidArgument(format!("{TOKEN_ENV} is blank")));
@@ -150,7 +148,10 @@ mod tests {
         assert_ne!(first, second, "challenges are fresh");
         let proof = token.prove(&first);
         assert!(token.verify(&first, &proof));
-        assert!(AuthToken::new("s3cret").unwrap().verify(&first, &proof), "trimmed");
+        assert!(
+            AuthToken::new("s3cret").unwrap().verify(&first, &proof),
+            "trimmed"
+        );
         assert!(!other.verify(&first, &proof));
         assert!(!token.verify(&second, &proof));
         assert!(!token.verify(&first, &proof[..31]));

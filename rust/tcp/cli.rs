@@ -10,10 +10,10 @@ use std::time::Duration;
 use bytes::Bytes;
 use clap::Parser;
 
+use super::auth::AuthToken;
 use super::codec::Limits;
 use super::server::{Server, ServerConfig};
 use super::signals::Termination;
-use super::auth::AuthToken;
 use super::store::WORKER_COUNTER_KEY;
 use crate::error::{Error, Result};
 
@@ -130,7 +130,10 @@ pub fn run_until_signal(args: &ServerArgs) -> Result<()> {
     let mut stop = Termination::install()?;
     runtime.block_on(async {
         let server = Server::start(&config)?;
-        announce(&format!("ferrodist-store listening on {}", server.local_addr()));
+        announce(&format!(
+            "ferrodist-store listening on {}",
+            server.local_addr()
+        ));
         if let Some(addr) = server.metrics_addr() {
             announce(&format!("ferrodist-store metrics on http://{addr}/metrics"));
         }

@@ -280,7 +280,11 @@ def test_a_store_hosted_in_rank_0_requires_its_token() -> None:
 
 @pytest.mark.parametrize(
     ("keyword", "value", "error"),
-    [("auth_token", 5, TypeError), ("metrics_addr", 80, TypeError), ("auth_token", " ", ValueError)],
+    [
+        ("auth_token", 5, TypeError),
+        ("metrics_addr", 80, TypeError),
+        ("auth_token", " ", ValueError),
+    ],
 )
 def test_bad_access_keywords_name_the_argument(keyword: str, value: object, error: type) -> None:
     with pytest.raises(error, match=keyword):

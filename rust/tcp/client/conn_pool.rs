@@ -16,8 +16,8 @@ use std::sync::Mutex;
 
 use super::Client;
 use crate::error::Result;
-use crate::tcp::auth::AuthToken;
 use crate::store::Deadline;
+use crate::tcp::auth::AuthToken;
 
 /// Idle connections kept open beyond the one in use; more are closed when given back.
 const MAX_IDLE: usize = 4;
@@ -40,12 +40,7 @@ struct Idle {
 impl ConnPool {
     /// A pool for `host:port`, starting with `first` (already connected) when given; new
     /// connections prove `token` to a server that asks for it.
-    pub fn new(
-        host: &str,
-        port: u16,
-        token: Option<AuthToken>,
-        first: Option<Client>,
-    ) -> ConnPool {
+    pub fn new(host: &str, port: u16, token: Option<AuthToken>, first: Option<Client>) -> ConnPool {
         ConnPool {
             host: host.to_owned(),
             port,

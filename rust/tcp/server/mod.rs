@@ -398,7 +398,9 @@ static OVER_CAP_LOG: log_budget::LogBudget = log_budget::LogBudget::new(1);
 /// Binds the metrics endpoint's listener (on the runtime).
 fn bind_metrics(addr: &str) -> Result<TcpListener> {
     let bad = |e: std::io::Error| {
-        Error::Network(format!("cannot serve metrics on {addr}: {e} (want HOST:PORT)"))
+        Error::Network(format!(
+            "cannot serve metrics on {addr}: {e} (want HOST:PORT)"
+        ))
     };
     let listener = std::net::TcpListener::bind(addr).map_err(bad)?;
     listener.set_nonblocking(true).map_err(bad)?;

@@ -210,7 +210,9 @@ impl TcpStore {
 
     /// Where the hosted server serves `GET /metrics`, when it does.
     pub fn metrics_addr(&self) -> Option<std::net::SocketAddr> {
-        self.server.as_ref().and_then(|server| server.metrics_addr())
+        self.server
+            .as_ref()
+            .and_then(|server| server.metrics_addr())
     }
 
     /// Stops the server this store hosts, if any (see [`Server::stop`]); its clients, this
