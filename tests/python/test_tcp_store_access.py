@@ -243,6 +243,7 @@ def test_a_store_hosted_in_rank_0_reports_and_serves_the_same_metrics(
     master = ferrodist.TCPStore("127.0.0.1", 0, is_master=True, timeout=LONG)
     worker = ferrodist.TCPStore("127.0.0.1", master.port, timeout=LONG)
     worker.set("k", "v" * 100)
+    assert worker.check(["k"])  # a reply on the same connection: the SET has been applied
     in_process = parse_metrics(master.metrics())
     assert in_process["ferrodist_store_keys"] == 1
     assert in_process["ferrodist_store_stored_bytes"] == len("/k") + 100
@@ -250,6 +251,7 @@ def test_a_store_hosted_in_rank_0_reports_and_serves_the_same_metrics(
     served = parse_metrics(scrape(master.metrics_addr)[2])
     assert served["ferrodist_store_keys"] == 1
     assert served['ferrodist_store_requests_total{opcode="set"}'] == 1
+    assert served['ferrodist_store_requests_total{opcode="check"}'] == 1
     with pytest.raises(RuntimeError, match="does not host the server"):
         worker.metrics()
     master._stop_server()
