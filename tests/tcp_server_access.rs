@@ -205,3 +205,51 @@ fn beyond_max_connections_new_ones_are_closed_and_admitted_ones_carry_on() {
     let mut again = connect(&server, None).expect("room again");
     assert_eq!(set_then_get(&mut again, "/again"), Bytes::from_static(b"v"));
 }
+
+#[test]
+fn a_connection_that_never_proves_the_token_is_closed_at_the_handshake_deadline() {
+    let server = start_server_with(ServerConfig {
+        host: "127.0.0.1".into(),
+        auth_token: Some(token(SECRET)),
+        validate_within: Duration::from_millis(300),
+        ..ServerConfig::default()
+    });
+    let (silent_after_challenge, _) = challenged(&server);
+    let silent_after_validate = raw(&server, true);
+    let started = Instant::now();
+    assert!(is_closed(&silent_after_challenge));
+    assert!(is_closed(&silent_after_validate));
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+#[test]
+fn an_authenticated_ferrodist_client_keeps_its_one_round_trip_get() {
+    let server = server_with_token(false);
+    let mut waiting = connect(&server, Some(&token(SECRET))).unwrap();
+    let mut setter = connect(&server, Some(&token(SECRET))).unwrap();
+    let key = Bytes::from_static(b"/later");
+    let getter = std::thread::spawn(move || {
+        let get = Request::Get { key: key.clone() };
+        waiting
+            .wait_then(deadline(), &[key], Some(get), None)
+            .unwrap()
+            .expect("released")
+    });
+    std::thread::sleep(Duration::from_millis(50));
+    let set = Request::Set {
+        key: Bytes::from_static(b"/later"),
+        value: Bytes::from_static(b"here"),
+    };
+    setter.call(deadline(), &set).unwrap();
+    let reply = getter.join().unwrap();
+    assert_eq!(
+        reply,
+        Some(ferrodist::tcp::codec::Reply::Value(Bytes::from_static(
+            b"here"
+        )))
+    );
+}
