@@ -129,8 +129,16 @@ class Bucket:
 
     def grad_bucket(self, index: int, bucket_count: int, buffer: torch.Tensor) -> GradBucket:
         """The hook's view of this bucket, over ``buffer``."""
+        views = self.views_in if buffer is self.buffer and not self.sparse else None
         return GradBucket(
-            index, bucket_count, buffer, self.offsets, self.lengths, self.sizes, self.parameters
+            index,
+            bucket_count,
+            buffer,
+            self.offsets,
+            self.lengths,
+            self.sizes,
+            self.parameters,
+            views,
         )
 
     # ---- into the bucket --------------------------------------------------------------------
