@@ -52,7 +52,8 @@ pub(super) const WRONG_TOKEN: Closed = Closed::Unauthenticated(
 const TORCH_CLIENT: Closed = Closed::Unauthenticated(
     Refusal::TorchClient,
     "refused a client without ferrodist's handshake (a stock torch client?): this server \
-     requires an auth token; start it with --allow-unauthenticated-torch-clients to admit them",
+     requires an auth token (--allow-unauthenticated-torch-clients, or a master's \
+     allow_unauthenticated_torch_clients=True, admits such clients)",
 );
 
 impl Handler {
