@@ -7,19 +7,14 @@ alignment, world-size and shard padding are counted exactly as torch allocates t
 what every rank keeps: its parameter shard, its gradient shard and the optimizer state. Nothing
 of the model is allocated; a model on the ``meta`` device works.
 
-The optimizer's state is learned from the optimizer itself: one step on a three-element
-parameter tells which state tensors grow with the parameter (``exp_avg``, ``momentum_buffer``)
-and which are per-parameter scalars (``step``), so any ``torch.optim`` optimizer and its
-hyper-parameters (``amsgrad``, ``momentum``) are covered without a table.
+Which flat parameters exist is ``_memory_units``'s question; what the optimizer keeps per
+parameter is ``_memory_optim``'s.
 """
 
 from __future__ import annotations
 
-import functools
-import inspect
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import nn
@@ -27,6 +22,8 @@ from torch.distributed.fsdp import MixedPrecision, ShardingStrategy
 from torch.distributed.fsdp.wrap import _Policy
 
 from ._layout import FlatParamLayout, plan_flat_param
+from ._memory_optim import StateShape, optimizer_state
+from ._memory_units import Unit, flat_param_units, ignored_subtrees
 
 _SHARDED = {
     ShardingStrategy.FULL_SHARD,
@@ -145,9 +142,9 @@ def estimate_memory(
         )
     shard_world = _shard_world(world_size, sharding_strategy, intra_size)
     strategy = sharding_strategy if shard_world > 1 else ShardingStrategy.NO_SHARD
-    ignored = _ignored(model, ignored_modules)
-    units = _flat_param_units(model, auto_wrap_policy, ignored, mixed_precision)
-    state = _optimizer_state(optimizer)
+    ignored = ignored_subtrees(ignored_modules)
+    units = flat_param_units(model, auto_wrap_policy, ignored, mixed_precision)
+    state = optimizer_state(optimizer)
     layouts = [_plan(unit, shard_world, use_orig_params) for unit in units]
     plain = _plain_memory(ignored, state)
     ranks = range(shard_world) if rank is None else [rank]
@@ -189,195 +186,13 @@ def _shard_world(world_size: int, strategy: ShardingStrategy, intra_size: int | 
     return intra_size
 
 
-@dataclass(frozen=True)
-class _Unit:
-    """The parameters one FSDP instance flattens, and its mixed-precision setting."""
-
-    module_name: str
-    params: tuple[nn.Parameter, ...]
-    mixed_precision: MixedPrecision | None
-    is_root: bool
-
-
-def _ignored(model: nn.Module, ignored_modules: Iterable[nn.Module] | None) -> set[nn.Module]:
-    """The ignored modules with their whole subtrees, as torch expands them."""
-    if ignored_modules is None:
-        return set()
-    out: set[nn.Module] = set()
-    for module in ignored_modules:
-        if not isinstance(module, nn.Module):
-            raise TypeError(f"ignored_modules must hold nn.Modules, got {type(module).__name__}")
-        out.update(module.modules())
-    return out
-
-
-def _flat_param_units(
-    model: nn.Module,
-    policy: _Policy | Callable[..., bool] | None,
-    ignored: set[nn.Module],
-    mixed_precision: MixedPrecision | None,
-) -> list[_Unit]:
-    """The flat parameters torch builds, innermost wrapped module first and the root last.
-
-    A wrapped module flattens its parameters not already taken by a module wrapped before it
-    (torch wraps in post-order), skipping ignored ones; the root takes the rest.
-    """
-    ignored_params = {p for m in ignored for p in m.parameters()}
-    mp_classes: tuple[type[nn.Module], ...] = (
-        tuple(mixed_precision._module_classes_to_ignore) if mixed_precision is not None else ()
-    )
-    targets = _wrap_targets(model, policy, ignored, ignored_params, mp_classes)
-    names = {module: name for name, module in model.named_modules()}
-    taken: set[nn.Parameter] = set(ignored_params)
-    units = []
-    for module in [*targets, model]:
-        params = tuple(p for p in module.parameters() if p not in taken)
-        taken.update(params)
-        if params:
-            mp = None if isinstance(module, mp_classes) else mixed_precision
-            units.append(_Unit(names[module], params, mp, module is model))
-    return units
-
-
-def _wrap_targets(
-    model: nn.Module,
-    policy: _Policy | Callable[..., bool] | None,
-    ignored: set[nn.Module],
-    ignored_params: set[nn.Parameter],
-    mp_classes: tuple[type[nn.Module], ...],
-) -> list[nn.Module]:
-    """The modules below the root that torch wraps, in its post-order."""
-    if policy is None:
-        return []
-    if isinstance(policy, _Policy):
-        chosen = set(policy._run_policy(model, ignored, {}))
-        if mp_classes:
-            chosen.update(
-                m for m in model.modules() if m not in ignored and isinstance(m, mp_classes)
-            )
-        return [m for m in _post_order(model) if m in chosen and m is not model]
-    if not callable(policy):
-        raise TypeError(f"auto_wrap_policy must be a policy object or callable, got {policy!r}")
-    if mp_classes:
-        policy = functools.partial(_or_mp_classes, policy=policy, mp_classes=mp_classes)
-    wrapped: list[nn.Module] = []
-    _recursive_targets(model, policy, ignored, ignored_params, wrapped, only_children=True)
-    return wrapped
-
-
-def _or_mp_classes(
-    *,
-    module: nn.Module,
-    recurse: bool,
-    nonwrapped_numel: int,
-    policy: Callable[..., bool],
-    mp_classes: tuple[type[nn.Module], ...],
-) -> bool:
-    """torch's ``_or_policy`` of the user's policy and wrapping the mixed-precision-ignored
-    module classes individually."""
-    if policy(module=module, recurse=recurse, nonwrapped_numel=nonwrapped_numel):
-        return True
-    return recurse or isinstance(module, mp_classes)
-
-
-def _recursive_targets(
-    module: nn.Module,
-    policy: Callable[..., bool],
-    ignored: set[nn.Module],
-    ignored_params: set[nn.Parameter],
-    wrapped: list[nn.Module],
-    only_children: bool = False,
-) -> int:
-    """torch's ``_recursive_wrap`` decisions for a callable policy, recording instead of
-    wrapping. Returns the numel wrapped under ``module``."""
-    numel = sum(p.numel() for p in module.parameters() if p not in ignored_params)
-    if not policy(module=module, recurse=True, nonwrapped_numel=numel):
-        return 0
-    wrapped_numel = 0
-    for child in module.children():
-        if child not in ignored:
-            wrapped_numel += _recursive_targets(child, policy, ignored, ignored_params, wrapped)
-    if not only_children and policy(
-        module=module, recurse=False, nonwrapped_numel=numel - wrapped_numel
-    ):
-        wrapped.append(module)
-        return numel
-    return wrapped_numel
-
-
-def _post_order(root: nn.Module) -> list[nn.Module]:
-    """Modules in the order torch's ``_post_order_apply`` visits them (each once)."""
-    seen = {root}
-    order: list[nn.Module] = []
-
-    def visit(module: nn.Module) -> None:
-        for child in module.children():
-            if child not in seen:
-                seen.add(child)
-                visit(child)
-        order.append(module)
-
-    visit(root)
-    return order
-
-
-@dataclass(frozen=True)
-class _StateShape:
-    """Optimizer state per parameter: bytes per element of the parameter's dtype, plus fixed
-    bytes per parameter (scalars such as ``step``)."""
-
-    per_element_bytes: int
-    per_param_bytes: int
-
-
-def _optimizer_state(
-    optimizer: type[torch.optim.Optimizer] | torch.optim.Optimizer | None,
-) -> Callable[[torch.dtype], _StateShape]:
-    """A function from a parameter dtype to the state the optimizer keeps for it."""
-    if optimizer is None:
-        return lambda dtype: _StateShape(0, 0)
-    if isinstance(optimizer, torch.optim.Optimizer):
-        cls = type(optimizer)
-        # `defaults` may hold keys the constructor does not take (AdamW's
-        # `decoupled_weight_decay`): pass on only the constructor's own arguments.
-        accepted = inspect.signature(cls).parameters
-        defaults = {k: v for k, v in optimizer.defaults.items() if k in accepted}
-    elif inspect.isclass(optimizer) and issubclass(optimizer, torch.optim.Optimizer):
-        cls, defaults = optimizer, {}
-    else:
-        raise TypeError(
-            f"optimizer must be a torch.optim.Optimizer class or instance, got {optimizer!r}"
-        )
-    return functools.lru_cache(maxsize=None)(functools.partial(_probe_state, cls, defaults))
-
-
-def _probe_state(
-    cls: type[torch.optim.Optimizer], defaults: dict[str, Any], dtype: torch.dtype
-) -> _StateShape:
-    """One step of the optimizer on a three-element parameter, read back: state tensors of the
-    parameter's shape grow with it, the others are fixed per parameter."""
-    param = torch.zeros(3, dtype=dtype, requires_grad=True)
-    param.grad = torch.full_like(param, 0.5)
-    opt = cls([param], **defaults)
-    opt.step()
-    per_element = per_param = 0
-    for value in opt.state[param].values():
-        if not isinstance(value, torch.Tensor):
-            continue
-        if value.shape == param.shape:
-            per_element += value.element_size()
-        else:
-            per_param += value.numel() * value.element_size()
-    return _StateShape(per_element, per_param)
-
-
-def _compute_dtype(unit: _Unit) -> torch.dtype:
+def _compute_dtype(unit: Unit) -> torch.dtype:
     """The dtype of the unit's parameters in forward and backward."""
     mp = unit.mixed_precision
     return (mp.param_dtype if mp is not None else None) or unit.params[0].dtype
 
 
-def _plan(unit: _Unit, shard_world: int, use_orig_params: bool) -> FlatParamLayout:
+def _plan(unit: Unit, shard_world: int, use_orig_params: bool) -> FlatParamLayout:
     return plan_flat_param(
         [p.numel() for p in unit.params],
         _compute_dtype(unit).itemsize,
@@ -387,12 +202,12 @@ def _plan(unit: _Unit, shard_world: int, use_orig_params: bool) -> FlatParamLayo
 
 
 def _unit_memory(
-    unit: _Unit,
+    unit: Unit,
     layout: FlatParamLayout,
     rank: int,
     strategy: ShardingStrategy,
     use_orig_params: bool,
-    state: Callable[[torch.dtype], _StateShape],
+    state: Callable[[torch.dtype], StateShape],
 ) -> FlatParamMemory:
     dtype = unit.params[0].dtype
     sharded = strategy in _SHARDED
@@ -436,7 +251,7 @@ def _grad_dtype(dtype: torch.dtype, mp: MixedPrecision | None) -> torch.dtype:
 
 
 def _plain_memory(
-    ignored: set[nn.Module], state: Callable[[torch.dtype], _StateShape]
+    ignored: set[nn.Module], state: Callable[[torch.dtype], StateShape]
 ) -> tuple[int, int, int]:
     """Parameter, gradient and optimizer-state bytes of the ignored modules' parameters, which
     every rank keeps whole (FSDP leaves them as they are; the optimizer still steps them)."""
