@@ -19,6 +19,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 from torch.distributed.fsdp import MixedPrecision, ShardingStrategy
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy, size_based_auto_wrap_policy
@@ -99,6 +100,19 @@ CONFIGS: dict[str, dict[str, Any]] = {
         uop=True,
         mp=MixedPrecision(param_dtype=torch.bfloat16),
     ),
+    # Sharded within groups of 2 ranks, replicated across them (a (world / 2, 2) device mesh).
+    "hybrid_shard": dict(
+        strategy=ShardingStrategy.HYBRID_SHARD,
+        policy=ModuleWrapPolicy({nn.Linear}),
+        uop=False,
+        intra_size=2,
+    ),
+    "hybrid_zero2_orig_params": dict(
+        strategy=ShardingStrategy._HYBRID_SHARD_ZERO2,
+        policy=ModuleWrapPolicy({Block}),
+        uop=True,
+        intra_size=2,
+    ),
     "sgd_plain": dict(
         strategy=ShardingStrategy.SHARD_GRAD_OP,
         policy=ModuleWrapPolicy({nn.Linear}),
@@ -119,8 +133,15 @@ def _handles(model: nn.Module) -> list[Any]:
 def measure(rank: int, name: str, config: dict[str, Any]) -> dict[str, int]:
     net = make_net()
     ignored = [getattr(net, config["ignored"])] if "ignored" in config else None
+    extra: dict[str, Any] = {}
+    if "intra_size" in config:
+        world = dist.get_world_size()
+        extra["device_mesh"] = init_device_mesh(
+            "cpu", (world // config["intra_size"], config["intra_size"])
+        )
     model = FSDP(
         net,
+        **extra,
         device_id=torch.device("cpu"),
         sharding_strategy=config["strategy"],
         auto_wrap_policy=config["policy"],
@@ -181,5 +202,6 @@ def estimate_for(name: str, world: int, rank: int, estimate: Callable[..., Any])
         auto_wrap_policy=config["policy"],
         use_orig_params=config["uop"],
         ignored_modules=ignored,
-        rank=rank,
+        intra_size=config.get("intra_size"),
+        rank=rank % config.get("intra_size", world),
     )

@@ -1,12 +1,13 @@
 """``ferrodist.fsdp.estimate_memory`` against what torch's own FSDP holds on gloo.
 
 One world per size (2 and 4 processes, forked) runs every configuration of
-``_fsdp_memory_workers.CONFIGS`` (FULL_SHARD, SHARD_GRAD_OP, NO_SHARD; flat and original
-parameters; no policy, ``ModuleWrapPolicy``, a size-based callable policy; Adam, Adam with
-amsgrad, AdamW, SGD with and without momentum; bf16 mixed precision with an ignored module) and
-measures per rank the parameter shards, gradients, optimizer state and the unsharded parameters
-held between forward and backward. The estimate, computed from a model on the ``meta`` device,
-must be within 1 % of every measured figure on every rank (it is in fact exact).
+``_fsdp_memory_workers.CONFIGS``: FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, and HYBRID_SHARD and
+_HYBRID_SHARD_ZERO2 on a device mesh; flat and original parameters; no policy,
+``ModuleWrapPolicy`` and a size-based callable policy; Adam, Adam with amsgrad, AdamW, SGD with
+and without momentum; bf16 mixed precision; an ignored module. Each rank measures its parameter
+shards, gradients, optimizer state and the unsharded parameters held between forward and
+backward. The estimate, computed from a model on the ``meta`` device, must be within 1 % of every
+measured figure on every rank (it is in fact exact).
 """
 
 from __future__ import annotations
