@@ -178,6 +178,28 @@ def test_a_missing_or_empty_token_file_stops_the_start(tmp_path: Path, content: 
     assert "listening" not in done.stdout
 
 
+def test_the_torch_client_flag_needs_a_token_file() -> None:
+    done = subprocess.run(
+        [*ferrodist_store_command(), "--port", "0", "--allow-unauthenticated-torch-clients"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert done.returncode != 0
+    assert "--auth-token-file" in done.stderr
+
+
+def test_the_token_file_is_read_once_at_start(token_file: Path) -> None:
+    server = Server("--auth-token-file", str(token_file))
+    try:
+        token_file.write_text("a-new-token\n")
+        ferrodist.TCPStore("127.0.0.1", server.port, timeout=LONG, auth_token=TOKEN).set("k", "v")
+        with pytest.raises(AuthenticationError):
+            ferrodist.TCPStore("127.0.0.1", server.port, timeout=LONG, auth_token="a-new-token")
+    finally:
+        server.stop_and_log()
+
+
 def test_beyond_max_connections_new_clients_are_refused_and_admitted_ones_carry_on() -> None:
     server = Server("--max-connections", "2")
     try:
