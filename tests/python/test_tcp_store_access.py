@@ -83,7 +83,8 @@ class Server(StoreServer):
     """A ``ferrodist-store`` with metrics; its second stdout line gives their address."""
 
     def __init__(self, *args: str) -> None:
-        super().__init__("--metrics-addr", "127.0.0.1:0", *args)
+        # debug: every line the server can write about a connection, none with the token
+        super().__init__("--metrics-addr", "127.0.0.1:0", "--log-level", "debug", *args)
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline().strip()
         assert line.startswith("ferrodist-store metrics on http://"), line
