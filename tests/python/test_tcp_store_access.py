@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 import torch.distributed as tdist
-from tcp_support import StoreServer, ferrodist_store_command
+from tcp_support import StoreServer, ferrodist_store_command, torch_servers
 
 import ferrodist
 from ferrodist.errors import AuthenticationError
@@ -177,6 +177,14 @@ def test_a_missing_or_empty_token_file_stops_the_start(tmp_path: Path, content: 
     assert str(path) in done.stderr
     assert ("empty" if content is not None else "cannot read") in done.stderr
     assert "listening" not in done.stdout
+
+
+def test_a_client_holding_a_token_still_uses_torchs_own_servers() -> None:
+    with torch_servers(1) as (libuv, legacy):
+        for port in libuv + legacy:
+            store = ferrodist.TCPStore("127.0.0.1", port, timeout=LONG, auth_token=TOKEN)
+            store.set("k", "v")
+            assert store.get("k") == b"v"
 
 
 def test_the_torch_client_flag_needs_a_token_file() -> None:
