@@ -15,9 +15,14 @@
 //! held behind it (they depended on that wait) and is answered with WAIT_CANCELED.
 //!
 //! Memory per connection is bounded: the read buffer grows only as far as the frame being read
-//! needs, a frame whose declared lengths break [`Limits`](crate::tcp::codec::Limits) closes the connection at once (before
-//! its body is buffered), and the requests held behind a wait are capped in count and bytes.
-//! Any protocol breach closes this connection only; the server and other clients carry on.
+//! needs, a frame whose declared lengths break [`Limits`](crate::tcp::codec::Limits) closes the
+//! connection at once (before its body is buffered), and the requests held behind a wait are
+//! capped in count and bytes. Any protocol breach closes this connection only; the server and
+//! other clients carry on.
+//!
+//! The handshake (VALIDATE, and the token's proof on a server with one) is in
+//! `handler/admission.rs`; every request served is counted in the server's
+//! [`metrics`](super::metrics), with the time it took.
 
 use std::collections::VecDeque;
 use std::future::{poll_fn, Future};
