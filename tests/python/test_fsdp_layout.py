@@ -98,6 +98,10 @@ def _check_against_torch(
     use_orig_params: bool,
 ) -> None:
     world_size = layout.world_size
+    # Every other parameter selected: the per-rank totals must sum torch's infos.
+    selected = [i % 2 == 0 for i in range(len(shapes))]
+    totals = layout.shard_totals(selected)
+    assert len(totals) == world_size
     for rank in range(world_size):
         handle = _torch_handle(shapes, dtype, mp_dtype, rank, world_size, use_orig_params)
         flat = handle.flat_param
@@ -110,6 +114,8 @@ def _check_against_torch(
         assert layout.padded_unsharded_numel == flat._padded_unsharded_size.numel()
         assert layout.shard_padding(rank) == flat._shard_numel_padded
         assert layout.shard_param_infos(rank) == _infos(handle)
+        held = [i for i, chosen in zip(_infos(handle), selected) if i.in_shard and chosen]
+        assert totals[rank] == (sum(i.numel_in_shard or 0 for i in held), len(held))
         # The shard's unpadded part is exactly torch's chunk of the unsharded flat parameter.
         start, end = layout.shard_range(rank)
         assert end - start == flat.numel() - flat._shard_numel_padded

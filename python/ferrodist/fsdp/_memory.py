@@ -147,22 +147,26 @@ def estimate_memory(
     state = optimizer_state(optimizer)
     layouts = [_plan(unit, shard_world, use_orig_params) for unit in units]
     plain = _plain_memory(ignored, state)
-    ranks = range(shard_world) if rank is None else [rank]
     if rank is not None and not (isinstance(rank, int) and 0 <= rank < shard_world):
         raise ValueError(f"rank must be in [0, {shard_world}), got {rank!r}")
-    if not use_orig_params and rank is None:
-        ranks = range(1)  # every rank holds the same flat shards
-    best: MemoryEstimate | None = None
-    for r in ranks:
-        memories = tuple(
-            _unit_memory(unit, layout, r, strategy, use_orig_params, state)
-            for unit, layout in zip(units, layouts)
-        )
-        estimate = _total(memories, plain, r, strategy)
-        if best is None or estimate.total_bytes > best.total_bytes:
-            best = estimate
-    assert best is not None
-    return best
+    sharded = strategy in _SHARDED
+    # Only the optimizer state can differ between ranks (use_orig_params=True: ranks hold
+    # different parameter slices); each entry has one value per rank, or one for all.
+    states = [
+        _state_bytes_per_rank(unit, layout, sharded, use_orig_params, state)
+        for unit, layout in zip(units, layouts)
+    ]
+    if rank is None:
+        per_rank = [0] * shard_world
+        for unit_states in states:
+            for r in range(shard_world):
+                per_rank[r] += unit_states[r if len(unit_states) > 1 else 0]
+        rank = max(range(shard_world), key=per_rank.__getitem__)
+    memories = tuple(
+        _unit_memory(unit, layout, unit_states[rank if len(unit_states) > 1 else 0], sharded)
+        for unit, layout, unit_states in zip(units, layouts, states)
+    )
+    return _total(memories, plain, rank, strategy)
 
 
 def _positive_int(name: str, value: object) -> int:
@@ -201,41 +205,50 @@ def _plan(unit: Unit, shard_world: int, use_orig_params: bool) -> FlatParamLayou
     )
 
 
-def _unit_memory(
+def _state_bytes_per_rank(
     unit: Unit,
     layout: FlatParamLayout,
-    rank: int,
-    strategy: ShardingStrategy,
+    sharded: bool,
     use_orig_params: bool,
     state: Callable[[torch.dtype], StateShape],
-) -> FlatParamMemory:
-    dtype = unit.params[0].dtype
-    sharded = strategy in _SHARDED
-    local_numel = layout.shard_numel if sharded else layout.flat_numel
+) -> list[int]:
+    """The optimizer state of the unit on each rank, or one value when all ranks are equal."""
     trainable = [p.requires_grad for p in unit.params]
-    grad_dtype = _grad_dtype(dtype, unit.mixed_precision)
-    grad_bytes = local_numel * grad_dtype.itemsize if any(trainable) else 0
-    shape = state(dtype)
+    if not any(trainable):
+        return [0]
+    shape = state(unit.params[0].dtype)
     if not use_orig_params:
         # The optimizer sees the flat parameter: its whole local numel, padding included.
-        state_bytes = local_numel * shape.per_element_bytes + shape.per_param_bytes
-        state_bytes = state_bytes if any(trainable) else 0
+        local_numel = layout.shard_numel if sharded else layout.flat_numel
+        return [local_numel * shape.per_element_bytes + shape.per_param_bytes]
+    # The optimizer sees the original parameters as views of this rank's slices; a parameter
+    # outside the shard gets no gradient and so no state.
+    if sharded:
+        totals = layout.shard_totals(trainable)
     else:
-        # The optimizer sees the original parameters as views of this rank's slices; a
-        # parameter outside the shard gets no gradient and so no state.
-        infos = layout.shard_param_infos(rank) if sharded else layout.unsharded_param_infos()
-        state_bytes = sum(
-            (info.numel_in_shard or 0) * shape.per_element_bytes + shape.per_param_bytes
-            for info, needs_grad in zip(infos, trainable)
-            if info.in_shard and needs_grad
-        )
+        infos = layout.unsharded_param_infos()
+        held = [info for info, chosen in zip(infos, trainable) if info.in_shard and chosen]
+        totals = ((sum(info.numel_in_shard or 0 for info in held), len(held)),)
+    return [
+        elements * shape.per_element_bytes + params * shape.per_param_bytes
+        for elements, params in totals
+    ]
+
+
+def _unit_memory(
+    unit: Unit, layout: FlatParamLayout, state_bytes: int, sharded: bool
+) -> FlatParamMemory:
+    dtype = unit.params[0].dtype
+    local_numel = layout.shard_numel if sharded else layout.flat_numel
+    trainable = any(p.requires_grad for p in unit.params)
+    grad_dtype = _grad_dtype(dtype, unit.mixed_precision)
     unsharded = layout.padded_unsharded_numel * _compute_dtype(unit).itemsize
     return FlatParamMemory(
         module_name=unit.module_name,
         dtype=dtype,
         layout=layout,
         param_bytes=local_numel * dtype.itemsize,
-        grad_bytes=grad_bytes,
+        grad_bytes=local_numel * grad_dtype.itemsize if trainable else 0,
         optimizer_state_bytes=state_bytes,
         unsharded_bytes=unsharded if sharded else 0,
         is_root=unit.is_root,
