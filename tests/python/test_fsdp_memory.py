@@ -30,6 +30,7 @@ def _within_one_percent(estimated: int, measured: int) -> bool:
     return abs(estimated - measured) <= 0.01 * measured
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("world", [2, 4])
 def test_estimate_matches_torch_fsdp_per_rank(world: int, tmp_path: Path) -> None:
@@ -112,5 +113,7 @@ def test_bad_arguments_are_named() -> None:
         estimate_memory(object(), 2)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="sharding_strategy"):
         estimate_memory(net, 2, "FULL_SHARD")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="optimizer: cannot learn LBFGS's state"):
+        estimate_memory(net, 2, optimizer=torch.optim.LBFGS)
     with pytest.raises(TypeError, match="optimizer"):
         estimate_memory(net, 2, optimizer=torch.nn.Linear)  # type: ignore[arg-type]

@@ -69,7 +69,8 @@ class MemoryEstimate:
     """What one rank keeps of an FSDP model, in bytes.
 
     Parameters of ``ignored_modules`` are counted whole in all three (every rank keeps them, and
-    an optimizer over the FSDP model's parameters steps them).
+    an optimizer over the FSDP model's parameters steps them). Buffers, activations,
+    communication buffers and the allocator's rounding are not counted.
 
     Attributes:
         param_bytes: parameter shards (padding included).
