@@ -160,6 +160,34 @@ impl FlatParamLayout {
         self.param_infos_within(0, self.flat_numel - 1)
     }
 
+    /// For every rank, how many elements and parameters of the `selected` original parameters
+    /// its shard holds (the parameters whose shard info is in the shard; for the optimizer
+    /// state of `use_orig_params=True`, where a parameter outside the shard gets none). One
+    /// pass per rank without building the infos, so a large world stays cheap.
+    pub fn shard_totals(&self, selected: &[bool]) -> Result<Vec<(u64, u64)>> {
+        if selected.len() != self.numels.len() {
+            return Err(Error::InvalidArgument(format!(
+                "selected: {} flags for {} parameters",
+                selected.len(),
+                self.numels.len()
+            )));
+        }
+        let totals = (0..self.world_size)
+            .map(|rank| {
+                let start = self.shard_numel * rank;
+                let infos = self.param_infos_within(start, start + self.shard_numel - 1);
+                infos
+                    .iter()
+                    .zip(selected)
+                    .filter_map(|(info, &chosen)| info.filter(|_| chosen))
+                    .fold((0, 0), |(elements, params), slice| {
+                        (elements + slice.numel_in_shard, params + 1)
+                    })
+            })
+            .collect();
+        Ok(totals)
+    }
+
     /// Shard info of every original parameter for the inclusive flat range `[start, end]`.
     fn param_infos_within(&self, start: u64, end: u64) -> Vec<Option<ShardSlice>> {
         // Signed: a zero-numel parameter at `p` spans `[p, p - 1]`, and `p` may be 0.
@@ -285,6 +313,21 @@ mod tests {
                 intra_param_end_idx: -1
             })
         );
+    }
+
+    #[test]
+    fn shard_totals_sum_the_selected_slices_per_rank() {
+        // 5 | 3 on 3 ranks of 3: rank 0 holds 3 of p0, rank 1 2 of p0 and 1 of p1, rank 2 2 of p1.
+        let layout = plan_flat_param(&[5, 3], 4, 3, false).unwrap();
+        assert_eq!(
+            layout.shard_totals(&[true, true]).unwrap(),
+            vec![(3, 1), (3, 2), (2, 1)]
+        );
+        assert_eq!(
+            layout.shard_totals(&[false, true]).unwrap(),
+            vec![(0, 0), (1, 1), (2, 1)]
+        );
+        assert!(layout.shard_totals(&[true]).is_err());
     }
 
     #[test]

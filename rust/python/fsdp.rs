@@ -74,6 +74,10 @@ impl PyFlatParamPlan {
         let infos = self.0.shard_param_infos(rank).map_err(to_py)?;
         Ok(infos.into_iter().map(info_tuple).collect())
     }
+    /// Per rank, `(elements, parameters)` of the `selected` parameters its shard holds.
+    fn shard_totals(&self, selected: Vec<bool>) -> PyResult<Vec<(u64, u64)>> {
+        self.0.shard_totals(&selected).map_err(to_py)
+    }
     /// torch's `_shard_param_infos` under `NO_SHARD` (the whole flat parameter), as tuples.
     fn unsharded_param_infos(&self) -> Vec<InfoTuple> {
         self.0

@@ -22,7 +22,11 @@ from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 from torch.distributed.fsdp import MixedPrecision, ShardingStrategy
-from torch.distributed.fsdp.wrap import ModuleWrapPolicy, size_based_auto_wrap_policy
+from torch.distributed.fsdp.wrap import (
+    CustomPolicy,
+    ModuleWrapPolicy,
+    size_based_auto_wrap_policy,
+)
 
 
 class Block(nn.Module):
@@ -58,6 +62,12 @@ def make_net(device: str = "cpu") -> Net:
 
 def _size_policy(module: nn.Module, recurse: bool, nonwrapped_numel: int) -> bool:
     return size_based_auto_wrap_policy(module, recurse, nonwrapped_numel, min_num_params=300)
+
+
+def _custom_wrap(module: nn.Module) -> bool | dict[str, Any]:
+    if isinstance(module, Block):
+        return {"sharding_strategy": ShardingStrategy.SHARD_GRAD_OP, "mixed_precision": None}
+    return isinstance(module, nn.Linear)
 
 
 # name -> FSDP kwargs, optimizer (class, kwargs), estimate extras
@@ -112,6 +122,14 @@ CONFIGS: dict[str, dict[str, Any]] = {
         policy=ModuleWrapPolicy({Block}),
         uop=True,
         intra_size=2,
+    ),
+    # Blocks kept unsharded after forward (SHARD_GRAD_OP) and in full precision, the rest
+    # FULL_SHARD in bf16: per-module settings from a CustomPolicy.
+    "custom_policy_overrides": dict(
+        strategy=ShardingStrategy.FULL_SHARD,
+        policy=CustomPolicy(_custom_wrap),
+        uop=True,
+        mp=MixedPrecision(param_dtype=torch.bfloat16),
     ),
     "sgd_plain": dict(
         strategy=ShardingStrategy.SHARD_GRAD_OP,
@@ -203,5 +221,5 @@ def estimate_for(name: str, world: int, rank: int, estimate: Callable[..., Any])
         use_orig_params=config["uop"],
         ignored_modules=ignored,
         intra_size=config.get("intra_size"),
-        rank=rank % config.get("intra_size", world),
+        rank=rank,
     )

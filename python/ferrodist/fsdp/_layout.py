@@ -72,6 +72,12 @@ class FlatParamLayout:
         original parameter)."""
         return tuple(ShardParamInfo(*info) for info in self._plan.shard_param_infos(rank))
 
+    def shard_totals(self, selected: Sequence[bool]) -> tuple[tuple[int, int], ...]:
+        """For every rank, ``(elements, parameters)`` of the ``selected`` original parameters
+        (one flag each) that its shard holds: the sums over :meth:`shard_param_infos` with
+        ``in_shard``, computed for all ranks at once."""
+        return tuple(self._plan.shard_totals(list(selected)))
+
     def unsharded_param_infos(self) -> tuple[ShardParamInfo, ...]:
         """torch's ``_shard_param_infos`` under ``NO_SHARD``: every rank keeps the whole flat
         parameter (plan it with the process group's size: its world-size padding still

@@ -49,6 +49,7 @@ class FlatParamMemory:
         grad_bytes: the rank's gradient of it (0 when no parameter requires a gradient).
         optimizer_state_bytes: the optimizer state of the rank's part of it.
         unsharded_bytes: the all-gathered (padded, compute-dtype) parameter while in use.
+        sharding_strategy: the strategy torch applies to this unit.
         is_root: whether this is the root module's flat parameter.
     """
 
@@ -59,6 +60,7 @@ class FlatParamMemory:
     grad_bytes: int
     optimizer_state_bytes: int
     unsharded_bytes: int
+    sharding_strategy: ShardingStrategy
     is_root: bool
 
 
@@ -67,7 +69,8 @@ class MemoryEstimate:
     """What one rank keeps of an FSDP model, in bytes.
 
     Parameters of ``ignored_modules`` are counted whole in all three (every rank keeps them, and
-    an optimizer over the FSDP model's parameters steps them).
+    an optimizer over the FSDP model's parameters steps them). Buffers, activations,
+    communication buffers and the allocator's rounding are not counted.
 
     Attributes:
         param_bytes: parameter shards (padding included).
@@ -80,10 +83,10 @@ class MemoryEstimate:
             backward, on top of ``total_bytes``: every unit under SHARD_GRAD_OP (and
             ``_HYBRID_SHARD_ZERO2``), the root unit under FULL_SHARD and HYBRID_SHARD, none under
             NO_SHARD. Activations are not counted.
-        rank: the rank (in the sharding group) described; by default the one with the largest
-            ``total_bytes`` (ranks differ only with ``use_orig_params=True``).
-        sharding_strategy: the strategy torch applies (NO_SHARD when the sharding group has
-            one rank, as torch switches).
+        rank: the rank described; by default the one with the largest ``total_bytes`` (ranks
+            differ only with ``use_orig_params=True``; the lowest of equals).
+        sharding_strategy: the strategy torch applies to the root (NO_SHARD when the sharding
+            group has one rank, as torch switches); a ``CustomPolicy`` may give units others.
         units: each flat parameter, in the order torch wraps them (innermost first, root last).
     """
 
@@ -122,12 +125,14 @@ def estimate_memory(
         optimizer: an optimizer class (its default hyper-parameters) or instance (its
             ``defaults``) to be built over the FSDP model's parameters; ``None`` for no state.
         auto_wrap_policy: as for ``FullyShardedDataParallel`` (a policy object such as
-            ``ModuleWrapPolicy`` or a callable such as ``size_based_auto_wrap_policy``).
+            ``ModuleWrapPolicy`` or ``CustomPolicy``, whose per-module ``sharding_strategy`` and
+            ``mixed_precision`` are honoured, or a callable such as
+            ``size_based_auto_wrap_policy``).
         use_orig_params: as for ``FullyShardedDataParallel``.
         ignored_modules: as for ``FullyShardedDataParallel``; their parameters are counted whole
             on every rank.
         intra_size: ranks per sharding group for the hybrid strategies (default: world_size).
-        rank: the rank in the sharding group to describe (default: the largest).
+        rank: the rank to describe (default: the one with the most bytes).
 
     Raises:
         TypeError, ValueError: for an argument of the wrong type or value, naming it.
@@ -140,29 +145,56 @@ def estimate_memory(
         raise TypeError(
             f"mixed_precision must be a MixedPrecision or None, got {mixed_precision!r}"
         )
-    shard_world = _shard_world(world_size, sharding_strategy, intra_size)
-    strategy = sharding_strategy if shard_world > 1 else ShardingStrategy.NO_SHARD
+    world_size = _positive_int("world_size", world_size)
+    groups = _ShardGroups(world_size, _intra_size(world_size, sharding_strategy, intra_size))
+    if rank is not None and not (isinstance(rank, int) and 0 <= rank < world_size):
+        raise ValueError(f"rank must be in [0, {world_size}), got {rank!r}")
     ignored = ignored_subtrees(ignored_modules)
-    units = flat_param_units(model, auto_wrap_policy, ignored, mixed_precision)
+    root_kwargs = {"sharding_strategy": sharding_strategy, "mixed_precision": mixed_precision}
+    units = flat_param_units(model, auto_wrap_policy, ignored, root_kwargs)
     state = optimizer_state(optimizer)
-    layouts = [_plan(unit, shard_world, use_orig_params) for unit in units]
+    layouts = [_plan(unit, groups.size(unit), use_orig_params) for unit in units]
     plain = _plain_memory(ignored, state)
-    ranks = range(shard_world) if rank is None else [rank]
-    if rank is not None and not (isinstance(rank, int) and 0 <= rank < shard_world):
-        raise ValueError(f"rank must be in [0, {shard_world}), got {rank!r}")
-    if not use_orig_params and rank is None:
-        ranks = range(1)  # every rank holds the same flat shards
-    best: MemoryEstimate | None = None
-    for r in ranks:
-        memories = tuple(
-            _unit_memory(unit, layout, r, strategy, use_orig_params, state)
-            for unit, layout in zip(units, layouts)
-        )
-        estimate = _total(memories, plain, r, strategy)
-        if best is None or estimate.total_bytes > best.total_bytes:
-            best = estimate
-    assert best is not None
-    return best
+    # Only the optimizer state can differ between ranks (use_orig_params=True: ranks hold
+    # different parameter slices); each entry has one value per rank of the unit's sharding
+    # group, or one for all.
+    states = [
+        _state_bytes_per_rank(unit, layout, groups.strategy(unit), use_orig_params, state)
+        for unit, layout in zip(units, layouts)
+    ]
+
+    def state_on(unit_states: list[int], r: int) -> int:
+        return unit_states[r % len(unit_states)]
+
+    if rank is None:
+        varies = any(len(unit_states) > 1 for unit_states in states)
+        candidates = range(world_size if varies else 1)
+        rank = max(candidates, key=lambda r: sum(state_on(u, r) for u in states))
+    memories = tuple(
+        _unit_memory(unit, layout, state_on(unit_states, rank), groups.strategy(unit))
+        for unit, layout, unit_states in zip(units, layouts, states)
+    )
+    return _total(memories, plain, rank, groups.applied(sharding_strategy))
+
+
+class _ShardGroups:
+    """How many ranks shard each unit: the intra-node group for the hybrid strategies, else
+    the world; a group of one rank means NO_SHARD, as torch switches."""
+
+    def __init__(self, world_size: int, intra_size: int) -> None:
+        self._world_size, self._intra_size = world_size, intra_size
+
+    def group(self, strategy: ShardingStrategy) -> int:
+        return self._intra_size if strategy in _HYBRID else self._world_size
+
+    def size(self, unit: Unit) -> int:
+        return self.group(unit.sharding_strategy)
+
+    def applied(self, strategy: ShardingStrategy) -> ShardingStrategy:
+        return strategy if self.group(strategy) > 1 else ShardingStrategy.NO_SHARD
+
+    def strategy(self, unit: Unit) -> ShardingStrategy:
+        return self.applied(unit.sharding_strategy)
 
 
 def _positive_int(name: str, value: object) -> int:
@@ -173,9 +205,8 @@ def _positive_int(name: str, value: object) -> int:
     return value
 
 
-def _shard_world(world_size: int, strategy: ShardingStrategy, intra_size: int | None) -> int:
-    """Ranks one flat parameter is sharded over: the intra group for the hybrid strategies."""
-    world_size = _positive_int("world_size", world_size)
+def _intra_size(world_size: int, strategy: ShardingStrategy, intra_size: int | None) -> int:
+    """The hybrid strategies' sharding group size (default: the whole world)."""
     if intra_size is None:
         return world_size
     intra_size = _positive_int("intra_size", intra_size)
@@ -192,52 +223,65 @@ def _compute_dtype(unit: Unit) -> torch.dtype:
     return (mp.param_dtype if mp is not None else None) or unit.params[0].dtype
 
 
-def _plan(unit: Unit, shard_world: int, use_orig_params: bool) -> FlatParamLayout:
+def _plan(unit: Unit, group_size: int, use_orig_params: bool) -> FlatParamLayout:
     return plan_flat_param(
         [p.numel() for p in unit.params],
         _compute_dtype(unit).itemsize,
-        shard_world,
+        group_size,
         align_addresses=use_orig_params,
     )
 
 
-def _unit_memory(
+def _state_bytes_per_rank(
     unit: Unit,
     layout: FlatParamLayout,
-    rank: int,
     strategy: ShardingStrategy,
     use_orig_params: bool,
     state: Callable[[torch.dtype], StateShape],
-) -> FlatParamMemory:
-    dtype = unit.params[0].dtype
+) -> list[int]:
+    """The optimizer state of the unit on each rank of its sharding group, or one value when
+    all ranks are equal."""
     sharded = strategy in _SHARDED
-    local_numel = layout.shard_numel if sharded else layout.flat_numel
     trainable = [p.requires_grad for p in unit.params]
-    grad_dtype = _grad_dtype(dtype, unit.mixed_precision)
-    grad_bytes = local_numel * grad_dtype.itemsize if any(trainable) else 0
-    shape = state(dtype)
+    if not any(trainable):
+        return [0]
+    shape = state(unit.params[0].dtype)
     if not use_orig_params:
         # The optimizer sees the flat parameter: its whole local numel, padding included.
-        state_bytes = local_numel * shape.per_element_bytes + shape.per_param_bytes
-        state_bytes = state_bytes if any(trainable) else 0
+        local_numel = layout.shard_numel if sharded else layout.flat_numel
+        return [local_numel * shape.per_element_bytes + shape.per_param_bytes]
+    # The optimizer sees the original parameters as views of this rank's slices; a parameter
+    # outside the shard gets no gradient and so no state.
+    if sharded:
+        totals = layout.shard_totals(trainable)
     else:
-        # The optimizer sees the original parameters as views of this rank's slices; a
-        # parameter outside the shard gets no gradient and so no state.
-        infos = layout.shard_param_infos(rank) if sharded else layout.unsharded_param_infos()
-        state_bytes = sum(
-            (info.numel_in_shard or 0) * shape.per_element_bytes + shape.per_param_bytes
-            for info, needs_grad in zip(infos, trainable)
-            if info.in_shard and needs_grad
-        )
+        infos = layout.unsharded_param_infos()
+        held = [info for info, chosen in zip(infos, trainable) if info.in_shard and chosen]
+        totals = ((sum(info.numel_in_shard or 0 for info in held), len(held)),)
+    return [
+        elements * shape.per_element_bytes + params * shape.per_param_bytes
+        for elements, params in totals
+    ]
+
+
+def _unit_memory(
+    unit: Unit, layout: FlatParamLayout, state_bytes: int, strategy: ShardingStrategy
+) -> FlatParamMemory:
+    sharded = strategy in _SHARDED
+    dtype = unit.params[0].dtype
+    local_numel = layout.shard_numel if sharded else layout.flat_numel
+    trainable = any(p.requires_grad for p in unit.params)
+    grad_dtype = _grad_dtype(dtype, unit.mixed_precision)
     unsharded = layout.padded_unsharded_numel * _compute_dtype(unit).itemsize
     return FlatParamMemory(
         module_name=unit.module_name,
         dtype=dtype,
         layout=layout,
         param_bytes=local_numel * dtype.itemsize,
-        grad_bytes=grad_bytes,
+        grad_bytes=local_numel * grad_dtype.itemsize if trainable else 0,
         optimizer_state_bytes=state_bytes,
         unsharded_bytes=unsharded if sharded else 0,
+        sharding_strategy=strategy,
         is_root=unit.is_root,
     )
 
@@ -275,10 +319,9 @@ def _total(
     params = sum(u.param_bytes for u in units) + plain[0]
     grads = sum(u.grad_bytes for u in units) + plain[1]
     state = sum(u.optimizer_state_bytes for u in units) + plain[2]
-    if strategy in _KEEP_AFTER_FORWARD:
-        held = sum(u.unsharded_bytes for u in units)
-    else:
-        held = sum(u.unsharded_bytes for u in units if u.is_root)
+    held = sum(
+        u.unsharded_bytes for u in units if u.is_root or u.sharding_strategy in _KEEP_AFTER_FORWARD
+    )
     return MemoryEstimate(
         param_bytes=params,
         grad_bytes=grads,

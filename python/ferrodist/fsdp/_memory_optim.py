@@ -54,8 +54,15 @@ def _probe_state(
     parameter's shape grow with it, the others are fixed per parameter."""
     param = torch.zeros(3, dtype=dtype, requires_grad=True)
     param.grad = torch.full_like(param, 0.5)
-    opt = cls([param], **defaults)
-    opt.step()
+    try:
+        opt = cls([param], **defaults)
+        opt.step()
+    except Exception as err:  # LBFGS wants a closure, SparseAdam sparse gradients, ...
+        raise ValueError(
+            f"optimizer: cannot learn {cls.__name__}'s state from one step on a 1-D {dtype} "
+            f"parameter ({type(err).__name__}: {err}); FSDP's flat parameters are 1-D dense "
+            "tensors, so this optimizer is unlikely to work on them"
+        ) from err
     per_element = per_param = 0
     for value in opt.state[param].values():
         if not isinstance(value, torch.Tensor):

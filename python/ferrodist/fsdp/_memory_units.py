@@ -14,18 +14,21 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from torch import nn
-from torch.distributed.fsdp import MixedPrecision
+from torch.distributed.fsdp import MixedPrecision, ShardingStrategy
 from torch.distributed.fsdp.wrap import _Policy
 
 
 @dataclass(frozen=True)
 class Unit:
-    """The parameters one FSDP instance flattens, and its mixed-precision setting."""
+    """The parameters one FSDP instance flattens, and the settings it is wrapped with (the
+    root's, or what a ``CustomPolicy`` gives the module)."""
 
     module_name: str
     params: tuple[nn.Parameter, ...]
+    sharding_strategy: ShardingStrategy
     mixed_precision: MixedPrecision | None
     is_root: bool
 
@@ -46,27 +49,31 @@ def flat_param_units(
     model: nn.Module,
     policy: _Policy | Callable[..., bool] | None,
     ignored: set[nn.Module],
-    mixed_precision: MixedPrecision | None,
+    root_kwargs: dict[str, Any],
 ) -> list[Unit]:
     """The flat parameters torch builds, innermost wrapped module first and the root last.
 
     A wrapped module flattens its parameters not already taken by a module wrapped before it
     (torch wraps in post-order), skipping ignored ones; the root takes the rest.
+    ``root_kwargs`` holds the root's ``sharding_strategy`` and ``mixed_precision``.
     """
     ignored_params = {p for m in ignored for p in m.parameters()}
+    mixed_precision = root_kwargs["mixed_precision"]
     mp_classes: tuple[type[nn.Module], ...] = (
         tuple(mixed_precision._module_classes_to_ignore) if mixed_precision is not None else ()
     )
-    targets = _wrap_targets(model, policy, ignored, ignored_params, mp_classes)
+    targets = _wrap_targets(model, policy, ignored, ignored_params, root_kwargs)
     names = {module: name for name, module in model.named_modules()}
     taken: set[nn.Parameter] = set(ignored_params)
     units = []
-    for module in [*targets, model]:
+    for module, kwargs in [*targets, (model, root_kwargs)]:
         params = tuple(p for p in module.parameters() if p not in taken)
         taken.update(params)
         if params:
-            mp = None if isinstance(module, mp_classes) else mixed_precision
-            units.append(Unit(names[module], params, mp, module is model))
+            # torch runs these classes in full precision, wrapped on their own.
+            mp = None if isinstance(module, mp_classes) else kwargs.get("mixed_precision")
+            strategy = kwargs.get("sharding_strategy") or root_kwargs["sharding_strategy"]
+            units.append(Unit(names[module], params, strategy, mp, module is model))
     return units
 
 
@@ -75,25 +82,28 @@ def _wrap_targets(
     policy: _Policy | Callable[..., bool] | None,
     ignored: set[nn.Module],
     ignored_params: set[nn.Parameter],
-    mp_classes: tuple[type[nn.Module], ...],
-) -> list[nn.Module]:
-    """The modules below the root that torch wraps, in its post-order."""
+    root_kwargs: dict[str, Any],
+) -> list[tuple[nn.Module, dict[str, Any]]]:
+    """The modules below the root that torch wraps, in its post-order, with their kwargs."""
     if policy is None:
         return []
+    mixed_precision = root_kwargs["mixed_precision"]
+    mp_classes: tuple[type[nn.Module], ...] = (
+        tuple(mixed_precision._module_classes_to_ignore) if mixed_precision is not None else ()
+    )
     if isinstance(policy, _Policy):
-        chosen = set(policy._run_policy(model, ignored, {}))
-        if mp_classes:
-            chosen.update(
-                m for m in model.modules() if m not in ignored and isinstance(m, mp_classes)
-            )
-        return [m for m in _post_order(model) if m in chosen and m is not model]
+        chosen = dict(policy._run_policy(model, ignored, dict(root_kwargs)))
+        for m in model.modules():
+            if m not in ignored and isinstance(m, mp_classes):
+                chosen.setdefault(m, root_kwargs)
+        return [(m, chosen[m]) for m in _post_order(model) if m in chosen and m is not model]
     if not callable(policy):
         raise TypeError(f"auto_wrap_policy must be a policy object or callable, got {policy!r}")
     if mp_classes:
         policy = functools.partial(_or_mp_classes, policy=policy, mp_classes=mp_classes)
     wrapped: list[nn.Module] = []
     _recursive_targets(model, policy, ignored, ignored_params, wrapped, only_children=True)
-    return wrapped
+    return [(m, root_kwargs) for m in wrapped]
 
 
 def _or_mp_classes(
