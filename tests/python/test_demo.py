@@ -32,9 +32,38 @@ def test_demo_prints_who_joined_and_the_loss_falls(
     assert losses[-1] < 0.8 * losses[0], losses
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_demo_trains_with_fsdp(capfd: pytest.CaptureFixture[str]):
+    status = demo.main(
+        [
+            "--world-size",
+            "2",
+            "--steps",
+            "16",
+            "--log-every",
+            "5",
+            "--fsdp",
+            "FULL_SHARD",
+            "--optimizer",
+            "adam",
+        ]
+    )
+    out, err = capfd.readouterr()
+    assert status == 0, out + err[-3000:]
+    assert "--fsdp FULL_SHARD --optimizer adam" in out
+    losses = [float(x) for x in re.findall(r"loss ([0-9.]+)", out)]
+    assert len(losses) == 4, out
+    assert losses[-1] < 0.8 * losses[0], losses
+
+
 def test_choice_tables_and_defaults():
     assert sorted(demo.OPTIMIZERS) == ["adam", "sgd", "zero"]
     assert sorted(demo.DDP_WRAPPERS) == ["ferrodist", "torch"]
     assert demo._parse([]).ddp == "ferrodist"
     with pytest.raises(SystemExit):
         demo._parse(["--optimizer", "lamb"])
+    assert demo._parse([]).fsdp is None
+    assert demo._parse(["--fsdp", "SHARD_GRAD_OP"]).fsdp == "SHARD_GRAD_OP"
+    with pytest.raises(SystemExit):
+        demo._parse(["--fsdp", "FULL_SHARD", "--optimizer", "zero"])
