@@ -38,7 +38,7 @@ _CONFIG: dict[StateDictType, type[StateDictConfig]] = {
     StateDictType.LOCAL_STATE_DICT: LocalStateDictConfig,
     StateDictType.SHARDED_STATE_DICT: ShardedStateDictConfig,
 }
-_OPTIM_CONFIG: dict[StateDictType, type[StateDictConfig]] = {
+_OPTIM_CONFIG: dict[StateDictType, type[OptimStateDictConfig]] = {
     StateDictType.FULL_STATE_DICT: FullOptimStateDictConfig,
     StateDictType.LOCAL_STATE_DICT: LocalOptimStateDictConfig,
     StateDictType.SHARDED_STATE_DICT: ShardedOptimStateDictConfig,
