@@ -3,7 +3,9 @@
 The API names are torch's own objects; the runtime is checked by running torch's FSDP and
 ferrodist's side by side in one forked world per world size (see ``_fsdp_workers``): every
 sharding strategy, ``use_orig_params`` on and off, auto-wrapped and single-unit models, SGD and
-Adam, with bit-identical losses, full state dicts and optimizer states asserted.
+Adam, with bit-identical losses, full state dicts and optimizer states asserted; then
+``summon_full_params``, ``no_sync``, ``clip_grad_norm_`` against torch's, and FULL checkpoints
+moved between torch's FSDP and ferrodist's and between world sizes (2 -> 4 -> 3).
 """
 
 from __future__ import annotations
@@ -26,9 +28,15 @@ def test_all_is_torchs_and_names_are_torchs_objects() -> None:
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("world", [2, 4])
-def test_training_parity_with_torch(tmp_path, world: int) -> None:
-    # fork: the children inherit the imported torch (spawning costs seconds per world).
-    mp.start_processes(
-        run_world, args=(world, str(tmp_path)), nprocs=world, join=True, start_method="fork"
-    )
+def test_parity_and_checkpoints_across_world_sizes(tmp_path) -> None:
+    # World 2 runs the whole matrix (and summon_full_params, no_sync, clip_grad_norm_); 4 and
+    # 3 a few configurations each, and load the FULL checkpoint the previous world saved.
+    for world, load_from in [(2, None), (4, 2), (3, 4)]:
+        # fork: the children inherit the imported torch (spawning costs seconds per world).
+        mp.start_processes(
+            run_world,
+            args=(world, str(tmp_path), load_from),
+            nprocs=world,
+            join=True,
+            start_method="fork",
+        )

@@ -111,7 +111,11 @@ def _reshard(
     if not keep_views:
         handle.use_sharded_views()
         if in_forward:
-            handle.use_sharded_grad_views()
+            grad = handle.flat_param.grad
+            if grad is not None and handle.sharded and grad.numel() == handle.layout.flat_numel:
+                unsharded_grad_views(handle)  # accumulated under no_sync
+            else:
+                handle.use_sharded_grad_views()
 
 
 # ----- backward -----
@@ -174,7 +178,7 @@ def _post_backward_hook(unit: FullyShardedDataParallel, handle: FlatHandle, *_: 
     _reshard(unit, handle, free)
     if not unit._sync_gradients:
         if handle.use_orig_params:
-            handle.use_sharded_grad_views() if not handle.sharded else _unsharded_grad_views(handle)
+            unsharded_grad_views(handle)
         return
     if handle.sharded:
         _reduce_sharded(unit, handle)
@@ -184,11 +188,22 @@ def _post_backward_hook(unit: FullyShardedDataParallel, handle: FlatHandle, *_: 
         handle.use_sharded_grad_views()
 
 
-def _unsharded_grad_views(handle: FlatHandle) -> None:
+@torch.no_grad()
+def unsharded_grad_views(handle: FlatHandle) -> None:
+    """``use_orig_params``: each original's grad is a view of the unsharded flat grad, even
+    while its data is a 1-D shard (``.grad.data`` skips autograd's shape check, as torch does)."""
     grad = handle.flat_param.grad
-    assert grad is not None
+    if grad is None:
+        for param in handle.orig_params:
+            param.grad = None
+        return
     for param, view in zip(handle.orig_params, handle.unflat_views(grad)):
-        param.grad = view if param.requires_grad else None
+        if param.shape != view.shape:
+            if param.grad is None:
+                param.grad = torch.empty_like(param)
+            param.grad.data = view
+        else:
+            param.grad = view
 
 
 def _reduce_sharded(unit: FullyShardedDataParallel, handle: FlatHandle) -> None:

@@ -23,6 +23,9 @@ if TYPE_CHECKING:
     from ._wrapper import FullyShardedDataParallel
 
 
+FLAT = "_flat_param"
+
+
 def _units(module: nn.Module, recurse: bool) -> list[FullyShardedDataParallel]:
     from ._wrapper import FullyShardedDataParallel
 
@@ -73,7 +76,13 @@ def summon(
         for handle in handles:
             grads_saved.append(_unshard_grad(handle))
     show = not rank0_only or dist.get_rank() == 0
+    for unit in units:
+        unit._summoning = True
     if show:
+        for unit in units:
+            own = unit._handle
+            if own is not None and not own.use_orig_params:
+                unit._fsdp_wrapped_module._parameters.pop(FLAT, None)
         for handle in handles:
             handle.use_unsharded_views(as_params=True)
             if with_grads and handle.flat_param.grad is not None:
@@ -83,6 +92,11 @@ def summon(
     try:
         yield
     finally:
+        for unit in units:
+            unit._summoning = False
+            own = unit._handle
+            if own is not None and not own.use_orig_params:
+                unit._fsdp_wrapped_module._parameters[FLAT] = own.flat_param
         for handle, was, saved in zip(handles, was_unsharded, grads_saved or [None] * len(handles)):
             if writeback and show:
                 handle.write_back_unsharded()
@@ -92,7 +106,8 @@ def summon(
                 handle.reshard(free=True)
             if handle.use_orig_params:
                 handle.use_sharded_views()
-                handle.use_sharded_grad_views()
+                if with_grads:
+                    handle.use_sharded_grad_views()
             else:
                 handle.hide_params()
 
@@ -125,6 +140,9 @@ def clip_grad_norm(
         raise RuntimeError("`clip_grad_norm_()` should only be called on the root FSDP instance")
     if root._handle_state != "idle":
         raise AssertionError("clip_grad_norm_ expects the root to be in IDLE state")
+    if all(unit._handle is None or not unit._handle.sharded for unit in root._all_units):
+        # torch hands an all-NO_SHARD model to the plain clip (its parameter order differs).
+        return torch.nn.utils.clip_grad_norm_(root.parameters(), max_norm, norm_type)
     sharded: list[torch.Tensor] = []
     nonsharded: list[torch.Tensor] = []
     grads: list[torch.Tensor] = []

@@ -48,6 +48,9 @@ class FullyShardedDataParallel(nn.Module):
     the arguments; ferrodist runs the same arithmetic, so results are bit-identical to torch's.
     """
 
+    _summoning: bool = False
+    """Set while ``summon_full_params`` holds this unit's parameters whole: names are clean."""
+
     _walking_state_dict: bool = False
     """Set on every unit while a state-dict call walks the tree (see ``_state_dict``)."""
 
@@ -173,6 +176,17 @@ class FullyShardedDataParallel(nn.Module):
         _runtime.pre_forward(self)
         output = self._fsdp_wrapped_module(*args, **kwargs)
         return _runtime.post_forward(self, output)
+
+    def named_parameters(self, *args: Any, **kwargs: Any) -> Iterator[tuple[str, nn.Parameter]]:
+        """``nn.Module.named_parameters``; inside ``summon_full_params`` without the wrapper
+        segments in the names, as torch's FSDP does."""
+        for name, param in super().named_parameters(*args, **kwargs):
+            yield (name.replace(WRAPPED + ".", "") if self._summoning else name), param
+
+    def named_buffers(self, *args: Any, **kwargs: Any) -> Iterator[tuple[str, torch.Tensor]]:
+        """``nn.Module.named_buffers``, names cleaned as in ``named_parameters``."""
+        for name, buffer in super().named_buffers(*args, **kwargs):
+            yield (name.replace(WRAPPED + ".", "") if self._summoning else name), buffer
 
     def check_is_root(self) -> bool:
         """Whether this instance is the root (lazily decided at the first forward)."""
