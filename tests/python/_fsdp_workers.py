@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.fsdp import FullyShardedDataParallel as TorchFSDP
-from torch.distributed.fsdp import ShardingStrategy
+from torch.distributed.fsdp import OptimStateKeyType, ShardingStrategy
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
 from ferrodist.fsdp import FullyShardedDataParallel as FerroFSDP
@@ -185,6 +185,7 @@ def run_world(rank: int, world: int, tmp: str, load_from: Optional[int] = None) 
         if world == 2:
             check_summon_full_params(rank, world)
             check_no_sync_and_clip(rank, world)
+            check_optim_state_dicts(rank, world)
         check_state_dict_interop(rank, world, tmp, load_from)
     finally:
         dist.destroy_process_group()
@@ -296,4 +297,86 @@ def check_state_dict_interop(rank: int, world: int, tmp: str, load_from: Optiona
             raise AssertionError("strict load accepted an unexpected key")
         except RuntimeError as err:
             assert 'Unexpected key(s) in state_dict: "extra"' in str(err), err
+    dist.barrier()
+
+
+def assert_same_optim_state(a: dict[str, Any], b: dict[str, Any], tag: str) -> None:
+    groups_a = [{**g, "params": sorted(g["params"])} for g in a["param_groups"]]
+    groups_b = [{**g, "params": sorted(g["params"])} for g in b["param_groups"]]
+    assert groups_a == groups_b, (tag, groups_a, groups_b)
+    assert sorted(a["state"]) == sorted(b["state"]), (tag, sorted(a["state"]), sorted(b["state"]))
+    for name, entry in a["state"].items():
+        assert sorted(entry) == sorted(b["state"][name]), (tag, name)
+        for key, value in entry.items():
+            other = b["state"][name][key]
+            if isinstance(value, torch.Tensor):
+                assert torch.equal(value, other), (tag, name, key)
+            else:
+                assert value == other, (tag, name, key)
+
+
+def check_optim_state_dicts(rank: int, world: int) -> None:
+    """FULL optimizer state dicts equal torch's; torch's loads into ours and continues
+    bit-identically, and ours into torch's.
+
+    The reference is always torch with ``use_orig_params=False``: torch 2.13's FULL optimizer
+    state dict with ``use_orig_params=True`` swaps ``exp_avg`` and ``exp_avg_sq`` of a
+    parameter that lies wholly outside rank 0's shard (seen with ``0.bias`` here), while its
+    ``use_orig_params=False`` dict is right. Training is elementwise the same either way, so
+    ferrodist's ``use_orig_params=True`` dict must equal torch's ``use_orig_params=False`` one,
+    and loading across the two modes checks both directions.
+    """
+    for strategy, use_orig_params in [
+        (ShardingStrategy.FULL_SHARD, False),
+        (ShardingStrategy.FULL_SHARD, True),
+        (ShardingStrategy.NO_SHARD, True),
+    ]:
+        tag = f"optim {strategy.name} orig={use_orig_params} w{world}"
+        theirs, _ = wrap_both(strategy, False, True, None)
+        _, ours = wrap_both(strategy, use_orig_params, True, None)
+        theirs_optim = torch.optim.Adam(theirs.parameters(), lr=0.01)
+        ours_optim = torch.optim.Adam(ours.parameters(), lr=0.01)
+        train(theirs, theirs_optim, rank, 2)
+        train(ours, ours_optim, rank, 2)
+        theirs_full = TorchFSDP.optim_state_dict(theirs, theirs_optim)
+        ours_full = FerroFSDP.optim_state_dict(ours, ours_optim)
+        assert_same_optim_state(theirs_full, ours_full, tag)
+        legacy = FerroFSDP.full_optim_state_dict(ours, ours_optim)
+        if rank == 0:
+            assert_same_optim_state(theirs_full, legacy, tag + " full_optim_state_dict")
+        else:
+            assert legacy == {}, tag
+        # Swap: each side loads the other's checkpoint (model and optimizer) and continues.
+        theirs_model, ours_model = theirs.state_dict(), ours.state_dict()
+        theirs.load_state_dict(ours_model)
+        ours.load_state_dict(theirs_model)
+        theirs_optim.load_state_dict(
+            TorchFSDP.optim_state_dict_to_load(theirs, theirs_optim, ours_full)
+        )
+        FerroFSDP.optim_state_dict_to_load(ours, ours_optim, theirs_full, load_directly=True)
+        a = train(theirs, theirs_optim, rank, 2)
+        b = train(ours, ours_optim, rank, 2)
+        assert all(torch.equal(x, y) for x, y in zip(a, b)), tag
+        assert_same_state(theirs.state_dict(), ours.state_dict(), tag + " after swap")
+        assert_same_optim_state(
+            TorchFSDP.optim_state_dict(theirs, theirs_optim),
+            FerroFSDP.optim_state_dict(ours, ours_optim),
+            tag + " after swap",
+        )
+        # The legacy path: rank 0's full dict scattered, re-keyed by ids and back.
+        full = FerroFSDP.full_optim_state_dict(ours, ours_optim)
+        scattered = FerroFSDP.scatter_full_optim_state_dict(
+            full if rank == 0 else None, ours, optim=ours_optim
+        )
+        ours_full_now = FerroFSDP.optim_state_dict(ours, ours_optim)
+        sharded = FerroFSDP.shard_full_optim_state_dict(ours_full_now, ours, optim=ours_optim)
+        assert repr(scattered) == repr(sharded), tag
+        by_id = FerroFSDP.rekey_optim_state_dict(
+            ours_full_now, OptimStateKeyType.PARAM_ID, ours, optim=ours_optim
+        )
+        assert all(isinstance(k, int) for k in by_id["state"]), tag
+        back = FerroFSDP.rekey_optim_state_dict(
+            by_id, OptimStateKeyType.PARAM_NAME, ours, optim=ours_optim
+        )
+        assert_same_optim_state(ours_full_now, back, tag + " rekey")
     dist.barrier()
