@@ -26,6 +26,8 @@
 //!   report (Python only parses URLs and logs).
 //! * [`readiness`]: DDP's per-gradient bookkeeping: which buckets may launch as gradients
 //!   arrive, arrival order, the local used map.
+//! * [`fsdp`]: FSDP planning from metadata: the flat-parameter layout (padding, equal shards,
+//!   each rank's parameter slices).
 
 pub mod error;
 pub mod runtime;
@@ -42,6 +44,9 @@ pub mod partition;
 
 // --- ddp ---
 pub mod readiness;
+
+// --- fsdp ---
+pub mod fsdp;
 
 #[cfg(feature = "python")]
 pub mod python;

@@ -20,6 +20,8 @@ mod collectives;
 mod partition;
 // --- ddp ---
 mod readiness;
+// --- fsdp ---
+mod fsdp;
 
 use pyo3::prelude::*;
 
@@ -42,5 +44,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     collectives::register(m)?;
     // --- ddp ---
     readiness::register(m)?;
+    // --- fsdp ---
+    fsdp::register(m)?;
     Ok(())
 }
