@@ -72,7 +72,9 @@ class FlatHandle:
             align_addresses=use_orig_params,
         )
         self.shard_infos: tuple[ShardParamInfo, ...] = (
-            self.layout.shard_param_infos(self.rank) if sharded else self._whole_infos()
+            self.layout.shard_param_infos(self.rank)
+            if sharded
+            else self.layout.unsharded_param_infos()
         )
         flat = self._flatten([p.detach() for p in params], dtype)
         requires_grad = any(p.requires_grad for p in params)
@@ -95,13 +97,6 @@ class FlatHandle:
         self.post_backward_called = False
 
     # ----- building -----
-
-    def _whole_infos(self) -> tuple[ShardParamInfo, ...]:
-        """NO_SHARD: every rank holds every element, so each original lies wholly 'in shard'."""
-        return tuple(
-            ShardParamInfo(True, offset, numel, 0, numel - 1)
-            for offset, numel in zip(self.layout.param_offsets, self.layout.numels)
-        )
 
     def _flatten(self, tensors: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
         """The unsharded flat tensor: parameters and alignment padding, in layout order."""
