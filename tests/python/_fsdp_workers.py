@@ -186,6 +186,7 @@ def run_world(rank: int, world: int, tmp: str, load_from: Optional[int] = None) 
             check_summon_full_params(rank, world)
             check_no_sync_and_clip(rank, world)
             check_optim_state_dicts(rank, world)
+            check_options_and_errors(rank, world)
         check_state_dict_interop(rank, world, tmp, load_from)
     finally:
         dist.destroy_process_group()
@@ -380,3 +381,74 @@ def check_optim_state_dicts(rank: int, world: int) -> None:
         )
         assert_same_optim_state(ours_full_now, back, tag + " rekey")
     dist.barrier()
+
+
+def check_options_and_errors(rank: int, world: int) -> None:
+    """Options that change no number, comm hooks, and torch's errors for bad input."""
+    from torch.distributed.algorithms._comm_hooks import default_hooks
+    from torch.distributed.fsdp import BackwardPrefetch, CPUOffload
+
+    # Prefetch settings order communication only; CPUOffload on a CPU-only machine keeps
+    # every tensor where it is. Both must leave the numbers torch's (torch without offload:
+    # its offload needs CUDA pinned memory).
+    options: list[dict[str, Any]] = [
+        dict(backward_prefetch=BackwardPrefetch.BACKWARD_POST, forward_prefetch=True),
+        dict(backward_prefetch=None, limit_all_gathers=False),
+        dict(cpu_offload=CPUOffload(offload_params=True)),
+    ]
+    for extra in options:
+        tag = f"options {extra}"
+        torch_extra = {k: v for k, v in extra.items() if k != "cpu_offload"}
+        policy = ModuleWrapPolicy({Block})
+        theirs = TorchFSDP(make_model(), device_id=CPU, auto_wrap_policy=policy, **torch_extra)
+        ours = FerroFSDP(make_model(), device_id=CPU, auto_wrap_policy=policy, **extra)
+        a = train(theirs, torch.optim.Adam(theirs.parameters(), lr=0.01), rank, 2)
+        b = train(ours, torch.optim.Adam(ours.parameters(), lr=0.01), rank, 2)
+        assert all(torch.equal(x, y) for x, y in zip(a, b)), tag
+        assert_same_state(theirs.state_dict(), ours.state_dict(), tag)
+    # torch's default comm hook, registered on both.
+    theirs, ours = wrap_both(ShardingStrategy.FULL_SHARD, False, True, None)
+    for model in (theirs, ours):
+        model.register_comm_hook(  # type: ignore[operator]
+            default_hooks.DefaultState(dist.group.WORLD), default_hooks.reduce_scatter_hook
+        )
+    a = train(theirs, torch.optim.SGD(theirs.parameters(), lr=0.1), rank, 2)
+    b = train(ours, torch.optim.SGD(ours.parameters(), lr=0.1), rank, 2)
+    assert all(torch.equal(x, y) for x, y in zip(a, b)), "comm hook"
+    assert_same_state(theirs.state_dict(), ours.state_dict(), "comm hook")
+    # Bad input.
+    wrapped = FerroFSDP(make_model(), device_id=CPU)
+    expect_error(
+        ValueError,
+        "FSDP auto wrapping requires modules to not already have FSDP applied",
+        lambda: FerroFSDP(nn.Sequential(wrapped), auto_wrap_policy=ModuleWrapPolicy({Block})),
+    )
+    frozen = make_model()
+    frozen[0].weight.requires_grad_(False)
+    expect_error(
+        ValueError,
+        "Must flatten tensors with uniform `requires_grad` when `use_orig_params=False`",
+        lambda: FerroFSDP(frozen),
+    )
+    expect_error(
+        ValueError,
+        "Cannot pass both process_group and device_mesh",
+        lambda: FerroFSDP(make_model(), process_group=dist.group.WORLD, device_mesh=object()),
+    )
+    differs = nn.Sequential(nn.Linear(7, 9 + rank), nn.Linear(9 + rank, 3))
+    expect_error(
+        RuntimeError,
+        "FSDP expects same model across all ranks, but parameter 0 is '0.weight' [9, 7] "
+        "float32 on rank 0 but '0.weight' [10, 7] float32 on rank 1",
+        lambda: FerroFSDP(differs),
+    )
+    dist.barrier()
+
+
+def expect_error(kind: type[BaseException], text: str, fn: Callable[[], Any]) -> None:
+    try:
+        fn()
+    except kind as err:
+        assert text in str(err), (text, str(err))
+        return
+    raise AssertionError(f"expected {kind.__name__}: {text}")

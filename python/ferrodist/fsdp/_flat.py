@@ -195,10 +195,12 @@ class FlatHandle:
                 module.__dict__[slot.attr] = view
 
     def hide_params(self) -> None:
-        """``use_orig_params=False`` between steps: the originals are not module attributes."""
+        """``use_orig_params=False`` between steps: the originals are no registered parameters,
+        only empty tensor attributes (so ``module.weight`` and the module's repr still work)."""
+        placeholder = self.local_shard.new_empty(0)
         for slot in self.slots:
             slot.module._parameters.pop(slot.attr, None)
-            slot.module.__dict__.pop(slot.attr, None)
+            slot.module.__dict__[slot.attr] = placeholder
 
     @torch.no_grad()
     def use_sharded_views(self) -> None:

@@ -29,6 +29,8 @@ from torch.distributed.fsdp import (
 )
 from torch.distributed.fsdp.api import OptimStateDictConfig
 
+from ferrodist.ddp.module_sync import verify_params_across_ranks
+
 from . import _optim_state, _runtime, _state_dict, _unshard
 from ._flat import FlatHandle, ParamSlot
 from ._runtime import HYBRID
@@ -540,6 +542,9 @@ def _make_handle(
                 continue
             slots.append(ParamSlot(sub, name, f"{prefix}.{name}" if prefix else name, param.shape))
             params.append(param)
+    # Every rank must flatten the same parameters, or the all-gathers would mismatch: compare
+    # names, shapes and dtypes now and name the parameter and the ranks that differ.
+    verify_params_across_ranks(group, [s.fqn for s in slots], params, wrapper="FSDP")
     if not params:
         return None
     dtypes = {p.dtype for p in params}
