@@ -187,6 +187,7 @@ def run_world(rank: int, world: int, tmp: str, load_from: Optional[int] = None) 
             check_no_sync_and_clip(rank, world)
             check_optim_state_dicts(rank, world)
             check_options_and_errors(rank, world)
+            check_mixed_precision(rank, world)
         check_state_dict_interop(rank, world, tmp, load_from)
     finally:
         dist.destroy_process_group()
@@ -452,3 +453,53 @@ def expect_error(kind: type[BaseException], text: str, fn: Callable[[], Any]) ->
         assert text in str(err), (text, str(err))
         return
     raise AssertionError(f"expected {kind.__name__}: {text}")
+
+
+def check_mixed_precision(rank: int, world: int) -> None:
+    """bf16 and fp16 parameters, reductions and buffers: bitwise torch's."""
+    from torch.distributed.fsdp import MixedPrecision
+
+    cases = [
+        (MixedPrecision(param_dtype=torch.bfloat16), ShardingStrategy.FULL_SHARD, False),
+        (
+            MixedPrecision(
+                param_dtype=torch.float16,
+                reduce_dtype=torch.float32,
+                buffer_dtype=torch.float16,
+            ),
+            ShardingStrategy.FULL_SHARD,
+            True,
+        ),
+        (
+            MixedPrecision(param_dtype=torch.bfloat16, buffer_dtype=torch.bfloat16),
+            ShardingStrategy.SHARD_GRAD_OP,
+            True,
+        ),
+        (MixedPrecision(param_dtype=torch.float16), ShardingStrategy.NO_SHARD, False),
+    ]
+    for precision, strategy, use_orig_params in cases:
+        tag = f"mp {precision} {strategy.name} orig={use_orig_params}"
+        kwargs: dict[str, Any] = dict(
+            sharding_strategy=strategy,
+            use_orig_params=use_orig_params,
+            device_id=CPU,
+            mixed_precision=precision,
+            auto_wrap_policy=ModuleWrapPolicy({Block}),
+        )
+        theirs = TorchFSDP(make_model(), **kwargs)
+        ours = FerroFSDP(make_model(), **kwargs)
+        results = []
+        for model in (theirs, ours):
+            optim = torch.optim.Adam(model.parameters(), lr=0.01)
+            losses = []
+            for step in range(STEPS):
+                x, y = batch(step, rank)
+                loss = nn.functional.mse_loss(model(x).float(), y)
+                loss.backward()
+                optim.step()
+                optim.zero_grad()
+                losses.append(loss.detach())
+            results.append(losses)
+        assert all(torch.equal(a, b) for a, b in zip(*results)), (tag, results)
+        assert_same_state(theirs.state_dict(), ours.state_dict(), tag)
+    dist.barrier()

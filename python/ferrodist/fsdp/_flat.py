@@ -56,6 +56,9 @@ class FlatHandle:
         group: dist.ProcessGroup,
         sharded: bool,
         use_orig_params: bool,
+        param_dtype: Optional[torch.dtype] = None,
+        reduce_dtype: Optional[torch.dtype] = None,
+        keep_low_precision_grads: bool = False,
     ) -> None:
         self.slots = slots
         self.orig_params = params
@@ -65,9 +68,17 @@ class FlatHandle:
         self.sharded = sharded
         self.use_orig_params = use_orig_params
         dtype = params[0].dtype
+        # torch's mixed-precision rule: a param_dtype alone also sets the reduce dtype.
+        self.compute_dtype = param_dtype or dtype
+        if param_dtype is not None and reduce_dtype is None:
+            self.reduce_dtype = param_dtype
+        else:
+            self.reduce_dtype = reduce_dtype or dtype
+        self.mixed_params = self.compute_dtype != dtype
+        self.keep_low_precision_grads = keep_low_precision_grads
         self.layout: FlatParamLayout = plan_flat_param(
             [p.numel() for p in params],
-            params[0].element_size(),
+            torch.empty((), dtype=self.compute_dtype).element_size(),
             self.world_size,
             align_addresses=use_orig_params,
         )
@@ -89,9 +100,16 @@ class FlatHandle:
         self.local_shard: torch.Tensor = local
         self.flat_param = nn.Parameter(local, requires_grad=requires_grad)
         self.padded_unsharded = torch.empty(
-            self.layout.padded_unsharded_numel, dtype=dtype, device=local.device
+            self.layout.padded_unsharded_numel, dtype=self.compute_dtype, device=local.device
         )
         self._free(self.padded_unsharded)
+        # Mixed precision: summon_full_params and state dicts gather the full-precision shards.
+        self.padded_full_precision = torch.empty(
+            self.layout.padded_unsharded_numel if self.mixed_params else 0,
+            dtype=dtype,
+            device=local.device,
+        )
+        self._free(self.padded_full_precision)
         self._unsharded = not sharded
         self.saved_grad_shard: Optional[torch.Tensor] = None
         self.post_backward_called = False
@@ -132,33 +150,46 @@ class FlatHandle:
 
     # ----- transitions -----
 
-    def unshard(self) -> None:
-        """All-gather the shards into the padded buffer (if it was freed) and point at it."""
+    def unshard(self, full_precision: bool = False) -> None:
+        """All-gather the shards into the padded buffer (if it was freed) and point at it.
+
+        With parameter mixed precision the shard is cast first and the buffer is in the compute
+        dtype, unless ``full_precision`` (summon, state dicts) asks for the original dtype.
+        """
+        low = self.mixed_params and not full_precision
         if not self.sharded:
+            self.flat_param.data = (
+                self.local_shard.to(self.compute_dtype) if low else self.local_shard
+            )
             return
-        buffer = self.padded_unsharded
+        buffer = (
+            self.padded_unsharded if not self.mixed_params or low else self.padded_full_precision
+        )
         if buffer.untyped_storage().size() == 0:
             self._alloc(buffer)
-            dist.all_gather_into_tensor(buffer, self.local_shard, group=self.group)
+            source = self.local_shard.to(self.compute_dtype) if low else self.local_shard
+            dist.all_gather_into_tensor(buffer, source, group=self.group)
         self.flat_param.data = buffer[: self.layout.flat_numel]
         self._unsharded = True
 
     def reshard(self, free: bool) -> None:
         """Point ``flat_param`` back at the shard; with ``free``, drop the unsharded storage."""
+        self.flat_param.data = self.local_shard
         if not self.sharded:
             return
-        self.flat_param.data = self.local_shard
         self._unsharded = False
+        self._free(self.padded_full_precision)
         if free:
             self._free(self.padded_unsharded)
 
     def write_back_unsharded(self) -> None:
         """Copy this rank's range of the unsharded buffer into its shard (after edits to it)."""
-        if not self.sharded or self.padded_unsharded.untyped_storage().size() == 0:
+        buffer = self.padded_full_precision if self.mixed_params else self.padded_unsharded
+        if not self.sharded or buffer.untyped_storage().size() == 0:
             return
         start = self.rank * self.layout.shard_numel
         with torch.no_grad():
-            self.local_shard.copy_(self.padded_unsharded[start : start + self.layout.shard_numel])
+            self.local_shard.copy_(buffer[start : start + self.layout.shard_numel])
 
     # ----- views -----
 

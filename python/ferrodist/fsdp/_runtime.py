@@ -180,6 +180,8 @@ def _post_backward_hook(unit: FullyShardedDataParallel, handle: FlatHandle, *_: 
         if handle.use_orig_params:
             unsharded_grad_views(handle)
         return
+    if flat.grad.dtype != handle.reduce_dtype and unit._comm_hook is None:
+        flat.grad.data = flat.grad.to(handle.reduce_dtype)
     if handle.sharded:
         _reduce_sharded(unit, handle)
     else:
@@ -223,6 +225,8 @@ def _reduce_sharded(unit: FullyShardedDataParallel, handle: FlatHandle) -> None:
         _divide(shard, unit._postdivide)
     else:
         hook(unit._comm_hook_state, padded, shard)
+    if shard.dtype != handle.flat_param.dtype and unit._comm_hook is None:
+        shard.data = shard.data.to(handle.flat_param.dtype)
     if handle.saved_grad_shard is not None:
         handle.saved_grad_shard += shard
     else:
@@ -239,6 +243,8 @@ def _reduce_unsharded(unit: FullyShardedDataParallel, handle: FlatHandle) -> Non
         _divide(grad, unit._postdivide)
     else:
         hook(unit._comm_hook_state, grad)
+    if not handle.keep_low_precision_grads and grad.dtype != handle.flat_param.dtype:
+        grad.data = grad.data.to(handle.flat_param.dtype)
 
 
 def _final_callback(root: FullyShardedDataParallel) -> None:
@@ -271,6 +277,37 @@ def lazy_init_root(root: FullyShardedDataParallel) -> None:
     for unit in units:
         unit._is_root = unit is root
         unit._all_units = units if unit is root else []
+    cast_buffers(root)
+
+
+def cast_inputs(dtype: Optional[torch.dtype], obj: Any) -> Any:
+    """``obj`` with every floating-point tensor cast to ``dtype`` (torch's input casting)."""
+    if dtype is None:
+        return obj
+    if isinstance(obj, torch.Tensor):
+        return obj.to(dtype) if torch.is_floating_point(obj) and obj.dtype != dtype else obj
+    if isinstance(obj, tuple):
+        return tuple(cast_inputs(dtype, item) for item in obj)
+    if isinstance(obj, list):
+        return [cast_inputs(dtype, item) for item in obj]
+    if isinstance(obj, dict):
+        return {key: cast_inputs(dtype, item) for key, item in obj.items()}
+    return obj
+
+
+def cast_buffers(root: FullyShardedDataParallel) -> None:
+    """Mixed precision: floating buffers take the buffer dtype of the innermost unit holding
+    them, once, at the root's first forward (as torch does)."""
+    seen: set[int] = set()
+    for unit in reversed(root._all_units):
+        dtype = unit.mixed_precision.buffer_dtype
+        for buffer in unit.buffers():
+            if id(buffer) in seen:
+                continue
+            seen.add(id(buffer))
+            if dtype is not None and torch.is_floating_point(buffer):
+                buffer._fsdp_orig_dtype = buffer.dtype  # type: ignore[attr-defined]
+                buffer.data = buffer.to(dtype=dtype)
 
 
 def root_pre_forward(root: FullyShardedDataParallel) -> None:

@@ -151,6 +151,12 @@ def state_dict(unit: FullyShardedDataParallel, *args: Any, **kwargs: Any) -> Any
         raw = nn.Module.state_dict(unit, *args, **kwargs)
         prefix = kwargs.get("prefix", args[1] if len(args) > 1 else "")
         param_keys = {prefix + name for name, _ in nn.Module.named_parameters(unit)}
+        # Buffers mixed precision cast come back in their original dtype, as torch's do.
+        buffer_dtypes = {
+            prefix + name: buffer._fsdp_orig_dtype
+            for name, buffer in nn.Module.named_buffers(unit)
+            if hasattr(buffer, "_fsdp_orig_dtype")
+        }
         out = type(raw)()
         for key, value in raw.items():
             if key == FLAT or key.endswith("." + FLAT):
@@ -159,6 +165,8 @@ def state_dict(unit: FullyShardedDataParallel, *args: Any, **kwargs: Any) -> Any
                 out[clean_name(key)] = value
                 continue
             tensor = value.detach().clone() if key in param_keys else value
+            if key in buffer_dtypes:
+                tensor = tensor.to(buffer_dtypes[key]).clone()
             if offload:
                 tensor = tensor.cpu()
             out[clean_name(key)] = tensor

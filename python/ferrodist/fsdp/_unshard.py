@@ -70,7 +70,7 @@ def summon(
         h.is_unsharded and h.padded_unsharded.untyped_storage().size() > 0 for h in handles
     ]
     for handle in handles:
-        handle.unshard()
+        handle.unshard(full_precision=True)
     grads_saved = []
     if with_grads:
         for handle in handles:

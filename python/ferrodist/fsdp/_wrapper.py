@@ -129,7 +129,9 @@ class FullyShardedDataParallel(nn.Module):
         if sync_module_states:
             _sync_module_states(module, self._group, ignored)
         self._fsdp_wrapped_module = module
-        self._handle = _make_handle(module, ignored, self._group, strategy, use_orig_params)
+        self._handle = _make_handle(
+            module, ignored, self._group, strategy, use_orig_params, self.mixed_precision
+        )
         if self._handle is not None and not use_orig_params:
             module.register_parameter(FLAT, self._handle.flat_param)
             self._handle.hide_params()
@@ -174,8 +176,13 @@ class FullyShardedDataParallel(nn.Module):
         """Runs the wrapped module with its parameters gathered (see the module doc)."""
         if self._is_root is None:
             _runtime.lazy_init_root(self)
+        precision = self.mixed_precision
         if self._is_root:
             _runtime.root_pre_forward(self)
+            if precision.cast_root_forward_inputs:
+                args, kwargs = _runtime.cast_inputs(precision.param_dtype, (args, kwargs))
+        if precision.cast_forward_inputs:
+            args, kwargs = _runtime.cast_inputs(precision.param_dtype, (args, kwargs))
         _runtime.pre_forward(self)
         output = self._fsdp_wrapped_module(*args, **kwargs)
         return _runtime.post_forward(self, output)
@@ -528,6 +535,7 @@ def _make_handle(
     group: dist.ProcessGroup,
     strategy: ShardingStrategy,
     use_orig_params: bool,
+    precision: MixedPrecision,
 ) -> Optional[FlatHandle]:
     """The flat parameter of every not-yet-flattened parameter in ``module``'s tree."""
     slots: list[ParamSlot] = []
@@ -565,7 +573,14 @@ def _make_handle(
             f"{sorted(map(str, devices))}"
         )
     handle = FlatHandle(
-        slots, params, group, strategy != ShardingStrategy.NO_SHARD, use_orig_params
+        slots,
+        params,
+        group,
+        strategy != ShardingStrategy.NO_SHARD,
+        use_orig_params,
+        precision.param_dtype,
+        precision.reduce_dtype,
+        precision.keep_low_precision_grads,
     )
     for param in params:
         setattr(param, _FLATTENED, True)
