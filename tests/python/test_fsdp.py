@@ -27,6 +27,7 @@ def test_all_is_torchs_and_names_are_torchs_objects() -> None:
             assert getattr(ferro_fsdp, name) is getattr(torch_fsdp, name), name
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_parity_and_checkpoints_across_world_sizes(tmp_path) -> None:
     # World 2 runs the whole matrix (and summon_full_params, no_sync, clip_grad_norm_); 4 and
