@@ -30,6 +30,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from ._collectives import all_gather_flat
 from ._layout import FlatParamLayout, ShardParamInfo, plan_flat_param
 
 PADDING_VALUE = 42.0
@@ -168,7 +169,7 @@ class FlatHandle:
         if buffer.untyped_storage().size() == 0:
             self._alloc(buffer)
             source = self.local_shard.to(self.compute_dtype) if low else self.local_shard
-            dist.all_gather_into_tensor(buffer, source, group=self.group)
+            all_gather_flat(buffer, source, group=self.group)
         self.flat_param.data = buffer[: self.layout.flat_numel]
         self._unsharded = True
 

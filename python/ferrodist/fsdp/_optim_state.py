@@ -23,6 +23,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ._collectives import all_gather_flat
+
 if TYPE_CHECKING:
     from ._flat import FlatHandle
 
@@ -150,7 +152,7 @@ def _gather_unit(
         local = _local_flat_state(handle, key, local_state, by_id, dtype)
         if handle.sharded:
             full = local.new_empty(handle.layout.padded_unsharded_numel)
-            dist.all_gather_into_tensor(full, local, group=handle.group)
+            all_gather_flat(full, local, group=handle.group)
         else:
             full = local
         views = handle.unflat_views(full[: handle.layout.flat_numel])

@@ -29,6 +29,8 @@ import torch.nn.functional as F
 from torch.autograd import Variable
 from torch.distributed.fsdp import ShardingStrategy
 
+from ._collectives import reduce_scatter_flat
+
 if TYPE_CHECKING:
     from ._flat import FlatHandle
     from ._wrapper import FullyShardedDataParallel
@@ -219,7 +221,7 @@ def _reduce_sharded(unit: FullyShardedDataParallel, handle: FlatHandle) -> None:
     hook = unit._comm_hook
     if hook is None:
         _divide(padded, unit._predivide)
-        dist.reduce_scatter_tensor(shard, padded, group=handle.group)
+        reduce_scatter_flat(shard, padded, group=handle.group)
         if unit.sharding_strategy in HYBRID:
             dist.all_reduce(shard, group=unit._inter_group)
         _divide(shard, unit._postdivide)

@@ -18,6 +18,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ._collectives import all_gather_flat
+
 if TYPE_CHECKING:
     from ._flat import FlatHandle
     from ._wrapper import FullyShardedDataParallel
@@ -120,7 +122,7 @@ def _unshard_grad(handle: FlatHandle) -> Optional[torch.Tensor]:
         return saved
     shard = saved if saved is not None else torch.zeros_like(handle.local_shard)
     full = torch.empty(handle.layout.padded_unsharded_numel, dtype=shard.dtype)
-    dist.all_gather_into_tensor(full, shard.contiguous(), group=handle.group)
+    all_gather_flat(full, shard.contiguous(), group=handle.group)
     flat.grad = full[: handle.layout.flat_numel]
     return saved
 
