@@ -14,7 +14,8 @@
 //!   wait registry; the in-process stores: [`store::HashStore`], `FileStore` (torch's on-disk
 //!   format), `PrefixStore`.
 //! * [`tcp`]: torch's TCPStore wire protocol (codec), the tokio server behind `ferrodist-store`
-//!   and the in-process master, and the client.
+//!   and the in-process master (with optional token auth, a connection cap and Prometheus
+//!   metrics), and the client.
 //! * [`bucket`]: DDP gradient bucket assignment (torch's `_compute_bucket_assignment_by_size`)
 //!   from tensor metadata.
 //! * [`collectives`]: control collectives over any store (torch's `_StoreCollectives`, same

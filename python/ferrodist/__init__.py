@@ -39,6 +39,7 @@ from ferrodist.ddp import (
     _register_comm_hook,
 )
 from ferrodist.errors import (
+    AuthenticationError,
     ConnectionClosedError,
     DistBackendError,
     DistError,
@@ -64,6 +65,7 @@ __version__: str = _native.__version__
 share_ports_with_torch()
 
 __all__ = [
+    "AuthenticationError",
     "BuiltinCommHookType",
     "ConnectionClosedError",
     "DistBackendError",

@@ -6,6 +6,9 @@ Every configuration type and every FSDP2 name (``fully_shard``, ``FSDPModule``,
 ``FullyShardedDataParallel`` is ferrodist's: the flat-parameter layout is planned in Rust and the
 training step runs on torch's collectives over ferrodist's process groups, bit-identical to
 torch's FSDP.
+
+ferrodist's own additions (the flat-parameter layout planner and ``estimate_memory``) are
+importable from here too, but stay out of ``__all__``, which is exactly torch's.
 """
 
 from torch.distributed.fsdp import BackwardPrefetch as BackwardPrefetch
@@ -25,6 +28,12 @@ from torch.distributed.fsdp import StateDictSettings as StateDictSettings
 from torch.distributed.fsdp import StateDictType as StateDictType
 
 from ._api import torch_all, torch_objects
+from ._layout import FlatParamLayout as FlatParamLayout
+from ._layout import ShardParamInfo as ShardParamInfo
+from ._layout import plan_flat_param as plan_flat_param
+from ._memory import FlatParamMemory as FlatParamMemory
+from ._memory import MemoryEstimate as MemoryEstimate
+from ._memory import estimate_memory as estimate_memory
 from ._wrapper import FullyShardedDataParallel as FullyShardedDataParallel
 
 # The FSDP2 names, and whatever else the installed torch exports, as torch's own objects.
