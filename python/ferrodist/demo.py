@@ -1,6 +1,7 @@
 """The demo: real processes train a small model with DDP over gloo on CPU, via ferrodist.
 
-``python -m ferrodist.demo [--world-size N] [--steps S] [--optimizer NAME] [--ddp NAME]``
+``python -m ferrodist.demo [--world-size N] [--steps S] [--optimizer NAME] [--ddp NAME]
+[--fsdp STRATEGY]`` (``--fsdp`` trains with ferrodist's FullyShardedDataParallel instead of DDP)
 (``./scripts/demo`` runs it). The launcher starts N processes; each does
 ``import ferrodist as dist`` and rendezvouses over ``tcp://`` with the store server embedded in
 rank 0 (no separate server to start). Rank 0 prints who joined and then the loss, averaged over
@@ -49,6 +50,22 @@ DDP_WRAPPERS: dict[str, Callable[[torch.nn.Module], torch.nn.Module]] = {
 }
 """``--ddp`` choices: name -> wrap(model)."""
 
+FSDP_STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD")
+"""``--fsdp`` choices: torch's ``ShardingStrategy`` names that need no extra process groups."""
+
+
+def _wrap_fsdp(model: torch.nn.Module, strategy: str) -> torch.nn.Module:
+    import torch
+
+    fsdp = importlib.import_module("ferrodist.fsdp")
+    return fsdp.FullyShardedDataParallel(  # type: ignore[no-any-return]
+        model,
+        sharding_strategy=fsdp.ShardingStrategy[strategy],
+        device_id=torch.device("cpu"),
+        use_orig_params=True,
+    )
+
+
 DEFAULT_LR = {"sgd": 0.05, "adam": 0.01, "zero": 0.05}
 
 
@@ -58,6 +75,12 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=60, help="training steps (default 60)")
     p.add_argument("--optimizer", choices=sorted(OPTIMIZERS), default="sgd")
     p.add_argument("--ddp", choices=sorted(DDP_WRAPPERS), default="ferrodist")
+    p.add_argument(
+        "--fsdp",
+        choices=FSDP_STRATEGIES,
+        default=None,
+        help="wrap with ferrodist's FullyShardedDataParallel and this sharding strategy",
+    )
     p.add_argument("--lr", type=float, default=None, help="learning rate (default per optimizer)")
     p.add_argument("--port", type=int, default=0, help="rendezvous port (default: a free one)")
     p.add_argument("--log-every", type=int, default=10, help="print the loss every N steps")
@@ -98,11 +121,12 @@ def _worker(rank: int, args: argparse.Namespace, port: int) -> None:
         print(f"rendezvous over {url} (store embedded in rank 0): {args.world_size} joined")
         for r, host, pid in joined:
             print(f"  rank {r}: pid {pid} on {host}")
-        print(f"training with --ddp {args.ddp} --optimizer {args.optimizer}", flush=True)
+        wrapper = f"--fsdp {args.fsdp}" if args.fsdp else f"--ddp {args.ddp}"
+        print(f"training with {wrapper} --optimizer {args.optimizer}", flush=True)
 
     torch.manual_seed(0)  # the same initial weights everywhere (DDP also broadcasts them)
     model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
-    ddp = DDP_WRAPPERS[args.ddp](model)
+    ddp = _wrap_fsdp(model, args.fsdp) if args.fsdp else DDP_WRAPPERS[args.ddp](model)
     lr = args.lr if args.lr is not None else DEFAULT_LR.get(args.optimizer, 0.01)
     opt = OPTIMIZERS[args.optimizer](ddp.parameters(), lr)
     x, y = _data(rank)
