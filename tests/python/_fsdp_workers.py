@@ -186,6 +186,8 @@ def run_world(rank: int, world: int, tmp: str, load_from: Optional[int] = None) 
             check_optim_state_dicts(rank, world)
             check_options_and_errors(rank, world)
             check_mixed_precision(rank, world)
+        if world == 4:
+            check_device_mesh(rank, world)
         check_state_dict_interop(rank, world, tmp, load_from)
     finally:
         dist.destroy_process_group()
@@ -502,5 +504,27 @@ def check_mixed_precision(rank: int, world: int) -> None:
                 losses.append(loss.detach())
             results.append(losses)
         assert all(torch.equal(a, b) for a, b in zip(*results)), (tag, results)
+        assert_same_state(theirs.state_dict(), ours.state_dict(), tag)
+    dist.barrier()
+
+
+def check_device_mesh(rank: int, world: int) -> None:
+    """HYBRID_SHARD over a 2-D DeviceMesh (replicate x shard), as torch reads the mesh."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("cpu", (2, world // 2))
+    for strategy in (ShardingStrategy.HYBRID_SHARD, ShardingStrategy._HYBRID_SHARD_ZERO2):
+        tag = f"mesh {strategy.name}"
+        kwargs: dict[str, Any] = dict(
+            sharding_strategy=strategy,
+            device_mesh=mesh,
+            device_id=CPU,
+            auto_wrap_policy=ModuleWrapPolicy({Block}),
+        )
+        theirs = TorchFSDP(make_model(), **kwargs)
+        ours = FerroFSDP(make_model(), **kwargs)
+        a = train(theirs, torch.optim.Adam(theirs.parameters(), lr=0.01), rank, STEPS)
+        b = train(ours, torch.optim.Adam(ours.parameters(), lr=0.01), rank, STEPS)
+        assert all(torch.equal(x, y) for x, y in zip(a, b)), tag
         assert_same_state(theirs.state_dict(), ours.state_dict(), tag)
     dist.barrier()
