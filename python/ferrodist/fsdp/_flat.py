@@ -114,6 +114,10 @@ class FlatHandle:
         self._unsharded = not sharded
         self.saved_grad_shard: Optional[torch.Tensor] = None
         self.post_backward_called = False
+        if not use_orig_params:
+            # The originals are replaced by views of ``flat_param``: holding them here would
+            # keep the whole unsharded model alive on every rank.
+            self.orig_params = []
 
     # ----- building -----
 
