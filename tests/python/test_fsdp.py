@@ -27,6 +27,24 @@ def test_all_is_torchs_and_names_are_torchs_objects() -> None:
             assert getattr(ferro_fsdp, name) is getattr(torch_fsdp, name), name
 
 
+def test_divide_factors_are_torchs() -> None:
+    from torch.distributed.algorithms._comm_hooks.default_hooks import DefaultState
+
+    from ferrodist.fsdp._runtime import predivide_factor
+
+    for world in range(1, 130):
+        assert predivide_factor(world) == DefaultState._get_gradient_predivide_factor(world)
+
+
+def test_wrap_policies_are_torchs() -> None:
+    import torch.distributed.fsdp.wrap as torch_wrap
+
+    import ferrodist.fsdp.wrap as ferro_wrap
+
+    for name in ferro_wrap.__all__:
+        assert getattr(ferro_wrap, name) is getattr(torch_wrap, name), name
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_parity_and_checkpoints_across_world_sizes(tmp_path) -> None:
