@@ -186,6 +186,7 @@ def run_world(rank: int, world: int, tmp: str, load_from: Optional[int] = None) 
             check_optim_state_dicts(rank, world)
             check_options_and_errors(rank, world)
             check_mixed_precision(rank, world)
+            check_local_state_dict(rank, world)
         if world == 4:
             check_device_mesh(rank, world)
         check_state_dict_interop(rank, world, tmp, load_from)
@@ -527,4 +528,50 @@ def check_device_mesh(rank: int, world: int) -> None:
         b = train(ours, torch.optim.Adam(ours.parameters(), lr=0.01), rank, STEPS)
         assert all(torch.equal(x, y) for x, y in zip(a, b)), tag
         assert_same_state(theirs.state_dict(), ours.state_dict(), tag)
+    dist.barrier()
+
+
+def assert_same_local_state(a: dict[str, Any], b: dict[str, Any], tag: str) -> None:
+    from torch.distributed._shard.sharded_tensor import ShardedTensor
+
+    assert list(a) == list(b), (tag, list(a), list(b))
+    for key, value in a.items():
+        other = b[key]
+        if isinstance(value, ShardedTensor):
+            assert isinstance(other, ShardedTensor), (tag, key)
+            assert value.size() == other.size(), (tag, key)
+            meta_a = [(m.shard_offsets, m.shard_sizes) for m in value.metadata().shards_metadata]
+            meta_b = [(m.shard_offsets, m.shard_sizes) for m in other.metadata().shards_metadata]
+            assert meta_a == meta_b, (tag, key, meta_a, meta_b)
+            mine = [s.tensor for s in value.local_shards()]
+            theirs = [s.tensor for s in other.local_shards()]
+            assert len(mine) == len(theirs), (tag, key)
+            assert all(torch.equal(x, y) for x, y in zip(mine, theirs)), (tag, key)
+        else:
+            assert torch.equal(value, other), (tag, key)
+
+
+def check_local_state_dict(rank: int, world: int) -> None:
+    """LOCAL state dicts: torch's ShardedTensors and keys, loadable both ways."""
+    from torch.distributed.fsdp import StateDictType
+
+    local = StateDictType.LOCAL_STATE_DICT
+    theirs, ours = wrap_both(ShardingStrategy.FULL_SHARD, False, True, None)
+    step_both(theirs, ours, rank, 0, "local")
+    with TorchFSDP.state_dict_type(theirs, local), FerroFSDP.state_dict_type(ours, local):
+        assert_same_local_state(theirs.state_dict(), ours.state_dict(), "local")
+    # torch's LOCAL checkpoint into a fresh model of ours (other seed), and ours into torch's.
+    kwargs: dict[str, Any] = dict(
+        device_id=CPU, auto_wrap_policy=ModuleWrapPolicy({Block, nn.Linear})
+    )
+    fresh_ours = FerroFSDP(make_model(seed=3), **kwargs)
+    fresh_theirs = TorchFSDP(make_model(seed=4), **kwargs)
+    with TorchFSDP.state_dict_type(theirs, local), FerroFSDP.state_dict_type(fresh_ours, local):
+        result = fresh_ours.load_state_dict(theirs.state_dict())
+        assert list(result.missing_keys) == [] and list(result.unexpected_keys) == []
+    with TorchFSDP.state_dict_type(fresh_theirs, local), FerroFSDP.state_dict_type(ours, local):
+        fresh_theirs.load_state_dict(ours.state_dict())
+    assert_same_state(theirs.state_dict(), fresh_ours.state_dict(), "local torch->ours")
+    assert_same_state(theirs.state_dict(), fresh_theirs.state_dict(), "local ours->torch")
+    step_both(fresh_theirs, fresh_ours, rank, 1, "local after load")
     dist.barrier()

@@ -1,10 +1,12 @@
-"""Model state dicts of an FSDP tree: the type settings and the FULL state dict.
+"""Model state dicts of an FSDP tree: the type settings, the FULL and the LOCAL state dicts.
 
 Why FULL first: a FULL state dict holds plain tensors under the original names, so it is the
 format that moves between torch's FSDP and ferrodist's, between world sizes, and into a model
 that is not sharded at all. It is built by gathering every unit (``_unshard.summon``), letting
 ``nn.Module`` walk the tree, then dropping the wrapper segments and the flat parameters from the
 keys; loading is the reverse, with the gathered buffers written back into each rank's shard.
+LOCAL is torch's too: each unit's unpadded shard as a ``ShardedTensor`` under ``_flat_param``,
+for saving and loading at the same world size without any communication.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 from torch import nn
 from torch.distributed.fsdp import (
     FullOptimStateDictConfig,
@@ -31,6 +34,7 @@ from torch.nn.modules.module import _IncompatibleKeys
 from . import _unshard
 
 if TYPE_CHECKING:
+    from ._flat import FlatHandle
     from ._wrapper import FullyShardedDataParallel
 
 _CONFIG: dict[StateDictType, type[StateDictConfig]] = {
@@ -141,6 +145,8 @@ def state_dict(unit: FullyShardedDataParallel, *args: Any, **kwargs: Any) -> Any
     if getattr(unit, "_walking_state_dict", False):
         return nn.Module.state_dict(unit, *args, **kwargs)
     kind = unit._state_dict_type
+    if kind == StateDictType.LOCAL_STATE_DICT:
+        return _local_state_dict(unit, *args, **kwargs)
     if kind != StateDictType.FULL_STATE_DICT:
         raise NotImplementedError(f"ferrodist FSDP: {kind} is not implemented yet")
     config = unit._state_dict_config
@@ -182,6 +188,8 @@ def load_state_dict(
     from ._wrapper import FLAT, clean_name
 
     kind = unit._state_dict_type
+    if kind == StateDictType.LOCAL_STATE_DICT:
+        return _load_local_state_dict(unit, state, strict)
     if kind != StateDictType.FULL_STATE_DICT:
         raise NotImplementedError(f"ferrodist FSDP: {kind} is not implemented yet")
     units = _units(unit)
@@ -194,6 +202,13 @@ def load_state_dict(
         result = nn.Module.load_state_dict(unit, translated, strict=False)
     missing = [clean_name(k) for k in result.missing_keys if not k.endswith(FLAT)]
     unexpected = [clean_name(k) for k in result.unexpected_keys]
+    return _check_strict(unit, missing, unexpected, strict)
+
+
+def _check_strict(
+    unit: FullyShardedDataParallel, missing: list[str], unexpected: list[str], strict: bool
+) -> _IncompatibleKeys:
+    """nn.Module's strict-loading error, with clean names."""
     if strict and (missing or unexpected):
         lines = []
         if unexpected:
@@ -208,3 +223,90 @@ def load_state_dict(
             f"Error(s) in loading state_dict for {type(unit).__name__}:\n\t" + "\n\t".join(lines)
         )
     return _IncompatibleKeys(missing, unexpected)
+
+
+# ----- LOCAL: each rank's flat shards as ShardedTensors -----
+
+
+def _flat_keys(unit: FullyShardedDataParallel, prefix: str) -> dict[str, FlatHandle]:
+    """The prefixed ``_flat_param`` key of every sharded unit under ``unit``."""
+    from ._wrapper import FLAT, WRAPPED, FullyShardedDataParallel
+
+    keys = {}
+    for name, sub in nn.Module.named_modules(unit):
+        if isinstance(sub, FullyShardedDataParallel) and sub._handle is not None:
+            if not sub._handle.sharded:
+                raise RuntimeError(
+                    "``local_state_dict`` can only be used when parameters are flatten and sharded."
+                )
+            if sub._handle.use_orig_params:
+                raise NotImplementedError(
+                    "ferrodist FSDP: LOCAL_STATE_DICT with use_orig_params=True is not "
+                    "implemented yet"
+                )
+            keys[f"{prefix}{name + '.' if name else ''}{WRAPPED}.{FLAT}"] = sub._handle
+    return keys
+
+
+def _local_state_dict(unit: FullyShardedDataParallel, *args: Any, **kwargs: Any) -> Any:
+    """torch's LOCAL state dict: buffers, and each unit's unpadded shard as a ShardedTensor."""
+    from torch.distributed._shard.sharded_tensor import Shard, init_from_local_shards
+
+    from ._wrapper import clean_name
+
+    prefix = kwargs.get("prefix", args[1] if len(args) > 1 else "")
+    flats = _flat_keys(unit, prefix)
+    offload = bool(getattr(unit._state_dict_config, "offload_to_cpu", False))
+    with _Walking(_units(unit)):
+        raw = nn.Module.state_dict(unit, *args, **kwargs)
+    out = type(raw)()
+    for key, value in raw.items():
+        handle = flats.get(key)
+        if handle is not None:
+            valid = handle.layout.shard_numel - handle.layout.shard_padding(handle.rank)
+            offset = handle.layout.shard_numel * handle.rank
+            shards = (
+                [Shard.from_tensor_and_offsets(value[:valid].view(valid), [offset], handle.rank)]
+                if valid > 0
+                else []
+            )
+            value = init_from_local_shards(
+                shards, handle.layout.flat_numel, process_group=handle.group
+            )
+            if offload:
+                value = value.cpu()
+        out[clean_name(key)] = value
+    return out
+
+
+def _load_local_state_dict(
+    unit: FullyShardedDataParallel, state: Any, strict: bool
+) -> _IncompatibleKeys:
+    from torch.distributed._shard.sharded_tensor import ShardedTensor
+
+    from ._wrapper import clean_name
+
+    flats = _flat_keys(unit, "")
+    names = [n for n, _ in nn.Module.named_parameters(unit)]
+    names += [n for n, _ in nn.Module.named_buffers(unit)]
+    prefixed = {clean_name(n): n for n in names}
+    translated = {}
+    for key, value in state.items():
+        full_key = prefixed.get(key, key)
+        handle = flats.get(full_key)
+        if handle is not None:
+            if not isinstance(value, ShardedTensor):
+                raise AssertionError("Tensors in local_state_dict should be ShardedTensor.")
+            shards = value.local_shards()
+            pad = handle.layout.shard_padding(handle.rank)
+            if pad < handle.layout.shard_numel:
+                tensor = shards[0].tensor
+                value = F.pad(tensor, [0, pad]) if pad > 0 else tensor
+            else:
+                value = handle.flat_param.detach()
+        translated[full_key] = value
+    with _Walking(_units(unit)):
+        result = nn.Module.load_state_dict(unit, translated, strict=False)
+    missing = [clean_name(k) for k in result.missing_keys]
+    unexpected = [clean_name(k) for k in result.unexpected_keys]
+    return _check_strict(unit, missing, unexpected, strict)
