@@ -190,6 +190,7 @@ def run_world(rank: int, world: int, tmp: str, load_from: Optional[int] = None) 
         if world == 4:
             check_device_mesh(rank, world)
         check_state_dict_interop(rank, world, tmp, load_from)
+        check_sharded_checkpoint(rank, world, tmp, load_from)
     finally:
         dist.destroy_process_group()
 
@@ -574,4 +575,36 @@ def check_local_state_dict(rank: int, world: int) -> None:
     assert_same_state(theirs.state_dict(), fresh_ours.state_dict(), "local torch->ours")
     assert_same_state(theirs.state_dict(), fresh_theirs.state_dict(), "local ours->torch")
     step_both(fresh_theirs, fresh_ours, rank, 1, "local after load")
+    dist.barrier()
+
+
+def check_sharded_checkpoint(rank: int, world: int, tmp: str, load_from: Optional[int]) -> None:
+    """SHARDED state dicts through torch.distributed.checkpoint: the same ShardedTensors as
+    torch's; saved at one world size, loaded at another, into torch's FSDP and ours."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.fsdp import StateDictType
+
+    sharded = StateDictType.SHARDED_STATE_DICT
+    theirs, ours = wrap_both(ShardingStrategy.FULL_SHARD, False, True, None)
+    if load_from is not None:
+        for model, cls in ((theirs, TorchFSDP), (ours, FerroFSDP)):
+            with cls.state_dict_type(model, sharded):  # type: ignore[attr-defined]
+                template = model.state_dict()
+                dcp.load(template, checkpoint_id=f"{tmp}/sharded-{load_from}")
+                model.load_state_dict(template)
+        assert_same_state(theirs.state_dict(), ours.state_dict(), "sharded loaded")
+        # Parameters are what was trained; BatchNorm's running stats differ per rank and
+        # the checkpoint keeps one rank's copy of each, so they are compared torch vs ours only.
+        expected = torch.load(f"{tmp}/sharded-full-{load_from}.pt")
+        params = dict(ours.state_dict())
+        for key, value in expected.items():
+            if "running_" not in key and "num_batches" not in key:
+                assert torch.equal(value, params[key]), ("sharded loaded", key)
+    step_both(theirs, ours, rank, 0, "sharded")
+    with TorchFSDP.state_dict_type(theirs, sharded), FerroFSDP.state_dict_type(ours, sharded):
+        assert_same_local_state(theirs.state_dict(), ours.state_dict(), f"sharded w{world}")
+        dcp.save(ours.state_dict(), checkpoint_id=f"{tmp}/sharded-{world}")
+    full = ours.state_dict()
+    if rank == 0:
+        torch.save(full, f"{tmp}/sharded-full-{world}.pt")
     dist.barrier()

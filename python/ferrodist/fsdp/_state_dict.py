@@ -1,4 +1,4 @@
-"""Model state dicts of an FSDP tree: the type settings, the FULL and the LOCAL state dicts.
+"""Model state dicts of an FSDP tree: the type settings, the FULL, LOCAL and SHARDED state dicts.
 
 Why FULL first: a FULL state dict holds plain tensors under the original names, so it is the
 format that moves between torch's FSDP and ferrodist's, between world sizes, and into a model
@@ -6,7 +6,9 @@ that is not sharded at all. It is built by gathering every unit (``_unshard.summ
 ``nn.Module`` walk the tree, then dropping the wrapper segments and the flat parameters from the
 keys; loading is the reverse, with the gathered buffers written back into each rank's shard.
 LOCAL is torch's too: each unit's unpadded shard as a ``ShardedTensor`` under ``_flat_param``,
-for saving and loading at the same world size without any communication.
+for saving and loading at the same world size without any communication. SHARDED is the FULL
+dict with each parameter cut into dim-0 chunks (torch's ``ShardedTensor``s, what
+``torch.distributed.checkpoint`` writes), so it reshards to any world size on load.
 """
 
 from __future__ import annotations
@@ -140,18 +142,27 @@ class _Walking:
 
 def state_dict(unit: FullyShardedDataParallel, *args: Any, **kwargs: Any) -> Any:
     """The state dict of ``unit``'s type (FULL: plain, cloned tensors under original names)."""
-    from ._wrapper import FLAT, clean_name
-
     if getattr(unit, "_walking_state_dict", False):
         return nn.Module.state_dict(unit, *args, **kwargs)
     kind = unit._state_dict_type
     if kind == StateDictType.LOCAL_STATE_DICT:
         return _local_state_dict(unit, *args, **kwargs)
+    if kind == StateDictType.SHARDED_STATE_DICT:
+        return _sharded_state_dict(unit, *args, **kwargs)
     if kind != StateDictType.FULL_STATE_DICT:
         raise NotImplementedError(f"ferrodist FSDP: {kind} is not implemented yet")
     config = unit._state_dict_config
     rank0_only = bool(getattr(config, "rank0_only", False))
     offload = bool(getattr(config, "offload_to_cpu", False))
+    return _full_state_dict(unit, rank0_only, offload, *args, **kwargs)
+
+
+def _full_state_dict(
+    unit: FullyShardedDataParallel, rank0_only: bool, offload: bool, *args: Any, **kwargs: Any
+) -> Any:
+    """Every unit gathered; plain clones of the parameters under their original names."""
+    from ._wrapper import FLAT, clean_name
+
     units = _units(unit)
     with _unshard.summon(unit, recurse=True, writeback=False), _Walking(units):
         raw = nn.Module.state_dict(unit, *args, **kwargs)
@@ -190,7 +201,9 @@ def load_state_dict(
     kind = unit._state_dict_type
     if kind == StateDictType.LOCAL_STATE_DICT:
         return _load_local_state_dict(unit, state, strict)
-    if kind != StateDictType.FULL_STATE_DICT:
+    if kind == StateDictType.SHARDED_STATE_DICT:
+        state = _gather_sharded(unit, state)
+    elif kind != StateDictType.FULL_STATE_DICT:
         raise NotImplementedError(f"ferrodist FSDP: {kind} is not implemented yet")
     units = _units(unit)
     with _unshard.summon(unit, recurse=True, writeback=True), _Walking(units):
@@ -310,3 +323,80 @@ def _load_local_state_dict(
     missing = [clean_name(k) for k in result.missing_keys]
     unexpected = [clean_name(k) for k in result.unexpected_keys]
     return _check_strict(unit, missing, unexpected, strict)
+
+
+# ----- SHARDED: each original parameter chunked along dim 0 across the shard group -----
+
+
+def _param_handles(unit: FullyShardedDataParallel) -> dict[str, FlatHandle]:
+    """Clean name of every flattened original parameter -> its unit's handle."""
+    from ._wrapper import FullyShardedDataParallel, clean_name
+
+    out = {}
+    for name, sub in nn.Module.named_modules(unit):
+        if isinstance(sub, FullyShardedDataParallel) and sub._handle is not None:
+            handle = sub._handle
+            if not handle.sharded:
+                raise RuntimeError(
+                    "load_sharded_state_dict can only be called when parameters "
+                    "are flattened and sharded."
+                )
+            prefix = clean_name(name)
+            for slot in handle.slots:
+                out[clean_name(f"{prefix}.{slot.fqn}" if prefix else slot.fqn)] = handle
+    return out
+
+
+def _sharded_state_dict(unit: FullyShardedDataParallel, *args: Any, **kwargs: Any) -> Any:
+    """torch's SHARDED state dict: the FULL one with every parameter cut into dim-0 chunks,
+    one ``ShardedTensor`` per parameter (what ``torch.distributed.checkpoint`` saves)."""
+    from torch.distributed.fsdp._shard_utils import _create_chunk_sharded_tensor
+
+    handles = _param_handles(unit)
+    config = unit._state_dict_config
+    full = _full_state_dict(unit, False, False, *args, **kwargs)
+    prefix = kwargs.get("prefix", args[1] if len(args) > 1 else "")
+    for key, value in list(full.items()):
+        handle = handles.get(key[len(prefix) :])
+        if handle is None:
+            continue
+        device = value.device
+        per_node = torch.cuda.device_count() if device.type == "cuda" else 1
+        chunked = _create_chunk_sharded_tensor(
+            value, handle.rank, handle.world_size, per_node, handle.group, device=device
+        )
+        full[key] = chunked.cpu() if getattr(config, "offload_to_cpu", False) else chunked
+    return full
+
+
+def _gather_sharded(unit: FullyShardedDataParallel, state: Any) -> Any:
+    """The FULL state dict a SHARDED one stands for (one all-gather per parameter)."""
+    from torch.distributed._shard.sharded_tensor import ShardedTensor
+
+    from ._collectives import all_gather_flat
+
+    handles = _param_handles(unit)
+    out = type(state)()
+    for key, value in state.items():
+        handle = handles.get(key)
+        if handle is None or not isinstance(value, ShardedTensor):
+            out[key] = value
+            continue
+        size = value.size()
+        numel = size.numel()
+        chunk = -(-size[0] // handle.world_size) * numel // size[0]
+        shards = value.local_shards()
+        if len(shards) > 1:
+            raise AssertionError(
+                f"Expects 0 or 1 shard per rank but got {len(shards)} shards on rank {handle.rank}."
+            )
+        if shards:
+            local = shards[0].tensor.flatten()
+            if chunk > local.numel():
+                local = F.pad(local, [0, chunk - local.numel()])
+        else:
+            local = torch.zeros(chunk, dtype=value.dtype)
+        gathered = local.new_empty(chunk * handle.world_size)
+        all_gather_flat(gathered, local.contiguous(), group=handle.group)
+        out[key] = gathered.narrow(0, 0, numel).reshape(size)
+    return out
