@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any, Optional
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 from torch.distributed.fsdp import (
     FullOptimStateDictConfig,
@@ -33,10 +32,9 @@ from torch.distributed.fsdp import (
 )
 from torch.nn.modules.module import _IncompatibleKeys
 
-from . import _unshard
+from . import _state_dict_sharded, _unshard
 
 if TYPE_CHECKING:
-    from ._flat import FlatHandle
     from ._wrapper import FullyShardedDataParallel
 
 _CONFIG: dict[StateDictType, type[StateDictConfig]] = {
@@ -61,7 +59,7 @@ def default_optim_config(kind: StateDictType) -> OptimStateDictConfig:
     return _OPTIM_CONFIG[kind]()
 
 
-def _units(module: nn.Module) -> list[FullyShardedDataParallel]:
+def units_under(module: nn.Module) -> list[FullyShardedDataParallel]:
     from ._wrapper import FullyShardedDataParallel
 
     return FullyShardedDataParallel.fsdp_modules(module)
@@ -90,7 +88,7 @@ def set_type(
             f"but got {type(optim_config)}"
         )
     previous: Optional[StateDictSettings] = None
-    for unit in _units(module):
+    for unit in units_under(module):
         if previous is None:
             previous = StateDictSettings(
                 unit._state_dict_type, unit._state_dict_config, unit._optim_state_dict_config
@@ -108,7 +106,7 @@ def set_type(
 def get_type(module: nn.Module) -> StateDictSettings:
     """torch's ``get_state_dict_type``: the settings all units share."""
     settings: Optional[StateDictSettings] = None
-    for unit in _units(module):
+    for unit in units_under(module):
         mine = StateDictSettings(
             unit._state_dict_type, unit._state_dict_config, unit._optim_state_dict_config
         )
@@ -124,7 +122,7 @@ def get_type(module: nn.Module) -> StateDictSettings:
     return settings
 
 
-class _Walking:
+class Walking:
     """Marks the units under a state-dict call, so nested ``state_dict`` calls go straight
     to ``nn.Module``'s walk instead of gathering again."""
 
@@ -146,25 +144,25 @@ def state_dict(unit: FullyShardedDataParallel, *args: Any, **kwargs: Any) -> Any
         return nn.Module.state_dict(unit, *args, **kwargs)
     kind = unit._state_dict_type
     if kind == StateDictType.LOCAL_STATE_DICT:
-        return _local_state_dict(unit, *args, **kwargs)
+        return _state_dict_sharded.local_state_dict(unit, *args, **kwargs)
     if kind == StateDictType.SHARDED_STATE_DICT:
-        return _sharded_state_dict(unit, *args, **kwargs)
+        return _state_dict_sharded.sharded_state_dict(unit, *args, **kwargs)
     if kind != StateDictType.FULL_STATE_DICT:
         raise NotImplementedError(f"ferrodist FSDP: {kind} is not implemented yet")
     config = unit._state_dict_config
     rank0_only = bool(getattr(config, "rank0_only", False))
     offload = bool(getattr(config, "offload_to_cpu", False))
-    return _full_state_dict(unit, rank0_only, offload, *args, **kwargs)
+    return full_state_dict(unit, rank0_only, offload, *args, **kwargs)
 
 
-def _full_state_dict(
+def full_state_dict(
     unit: FullyShardedDataParallel, rank0_only: bool, offload: bool, *args: Any, **kwargs: Any
 ) -> Any:
     """Every unit gathered; plain clones of the parameters under their original names."""
     from ._wrapper import FLAT, clean_name
 
-    units = _units(unit)
-    with _unshard.summon(unit, recurse=True, writeback=False), _Walking(units):
+    units = units_under(unit)
+    with _unshard.summon(unit, recurse=True, writeback=False), Walking(units):
         raw = nn.Module.state_dict(unit, *args, **kwargs)
         prefix = kwargs.get("prefix", args[1] if len(args) > 1 else "")
         param_keys = {prefix + name for name, _ in nn.Module.named_parameters(unit)}
@@ -200,13 +198,13 @@ def load_state_dict(
 
     kind = unit._state_dict_type
     if kind == StateDictType.LOCAL_STATE_DICT:
-        return _load_local_state_dict(unit, state, strict)
+        return _state_dict_sharded.load_local_state_dict(unit, state, strict)
     if kind == StateDictType.SHARDED_STATE_DICT:
-        state = _gather_sharded(unit, state)
+        state = _state_dict_sharded.gather_sharded(unit, state)
     elif kind != StateDictType.FULL_STATE_DICT:
         raise NotImplementedError(f"ferrodist FSDP: {kind} is not implemented yet")
-    units = _units(unit)
-    with _unshard.summon(unit, recurse=True, writeback=True), _Walking(units):
+    units = units_under(unit)
+    with _unshard.summon(unit, recurse=True, writeback=True), Walking(units):
         names = [n for n, _ in nn.Module.named_parameters(unit)] + [
             n for n, _ in nn.Module.named_buffers(unit)
         ]
@@ -215,10 +213,10 @@ def load_state_dict(
         result = nn.Module.load_state_dict(unit, translated, strict=False)
     missing = [clean_name(k) for k in result.missing_keys if not k.endswith(FLAT)]
     unexpected = [clean_name(k) for k in result.unexpected_keys]
-    return _check_strict(unit, missing, unexpected, strict)
+    return check_strict(unit, missing, unexpected, strict)
 
 
-def _check_strict(
+def check_strict(
     unit: FullyShardedDataParallel, missing: list[str], unexpected: list[str], strict: bool
 ) -> _IncompatibleKeys:
     """nn.Module's strict-loading error, with clean names."""
@@ -236,167 +234,3 @@ def _check_strict(
             f"Error(s) in loading state_dict for {type(unit).__name__}:\n\t" + "\n\t".join(lines)
         )
     return _IncompatibleKeys(missing, unexpected)
-
-
-# ----- LOCAL: each rank's flat shards as ShardedTensors -----
-
-
-def _flat_keys(unit: FullyShardedDataParallel, prefix: str) -> dict[str, FlatHandle]:
-    """The prefixed ``_flat_param`` key of every sharded unit under ``unit``."""
-    from ._wrapper import FLAT, WRAPPED, FullyShardedDataParallel
-
-    keys = {}
-    for name, sub in nn.Module.named_modules(unit):
-        if isinstance(sub, FullyShardedDataParallel) and sub._handle is not None:
-            if not sub._handle.sharded:
-                raise RuntimeError(
-                    "``local_state_dict`` can only be used when parameters are flatten and sharded."
-                )
-            if sub._handle.use_orig_params:
-                raise NotImplementedError(
-                    "ferrodist FSDP: LOCAL_STATE_DICT with use_orig_params=True is not "
-                    "implemented yet"
-                )
-            keys[f"{prefix}{name + '.' if name else ''}{WRAPPED}.{FLAT}"] = sub._handle
-    return keys
-
-
-def _local_state_dict(unit: FullyShardedDataParallel, *args: Any, **kwargs: Any) -> Any:
-    """torch's LOCAL state dict: buffers, and each unit's unpadded shard as a ShardedTensor."""
-    from torch.distributed._shard.sharded_tensor import Shard, init_from_local_shards
-
-    from ._wrapper import clean_name
-
-    prefix = kwargs.get("prefix", args[1] if len(args) > 1 else "")
-    flats = _flat_keys(unit, prefix)
-    offload = bool(getattr(unit._state_dict_config, "offload_to_cpu", False))
-    with _Walking(_units(unit)):
-        raw = nn.Module.state_dict(unit, *args, **kwargs)
-    out = type(raw)()
-    for key, value in raw.items():
-        handle = flats.get(key)
-        if handle is not None:
-            valid = handle.layout.shard_numel - handle.layout.shard_padding(handle.rank)
-            offset = handle.layout.shard_numel * handle.rank
-            shards = (
-                [Shard.from_tensor_and_offsets(value[:valid].view(valid), [offset], handle.rank)]
-                if valid > 0
-                else []
-            )
-            value = init_from_local_shards(
-                shards, handle.layout.flat_numel, process_group=handle.group
-            )
-            if offload:
-                value = value.cpu()
-        out[clean_name(key)] = value
-    return out
-
-
-def _load_local_state_dict(
-    unit: FullyShardedDataParallel, state: Any, strict: bool
-) -> _IncompatibleKeys:
-    from torch.distributed._shard.sharded_tensor import ShardedTensor
-
-    from ._wrapper import clean_name
-
-    flats = _flat_keys(unit, "")
-    names = [n for n, _ in nn.Module.named_parameters(unit)]
-    names += [n for n, _ in nn.Module.named_buffers(unit)]
-    prefixed = {clean_name(n): n for n in names}
-    translated = {}
-    for key, value in state.items():
-        full_key = prefixed.get(key, key)
-        handle = flats.get(full_key)
-        if handle is not None:
-            if not isinstance(value, ShardedTensor):
-                raise AssertionError("Tensors in local_state_dict should be ShardedTensor.")
-            shards = value.local_shards()
-            pad = handle.layout.shard_padding(handle.rank)
-            if pad < handle.layout.shard_numel:
-                tensor = shards[0].tensor
-                value = F.pad(tensor, [0, pad]) if pad > 0 else tensor
-            else:
-                value = handle.flat_param.detach()
-        translated[full_key] = value
-    with _Walking(_units(unit)):
-        result = nn.Module.load_state_dict(unit, translated, strict=False)
-    missing = [clean_name(k) for k in result.missing_keys]
-    unexpected = [clean_name(k) for k in result.unexpected_keys]
-    return _check_strict(unit, missing, unexpected, strict)
-
-
-# ----- SHARDED: each original parameter chunked along dim 0 across the shard group -----
-
-
-def _param_handles(unit: FullyShardedDataParallel) -> dict[str, FlatHandle]:
-    """Clean name of every flattened original parameter -> its unit's handle."""
-    from ._wrapper import FullyShardedDataParallel, clean_name
-
-    out = {}
-    for name, sub in nn.Module.named_modules(unit):
-        if isinstance(sub, FullyShardedDataParallel) and sub._handle is not None:
-            handle = sub._handle
-            if not handle.sharded:
-                raise RuntimeError(
-                    "load_sharded_state_dict can only be called when parameters "
-                    "are flattened and sharded."
-                )
-            prefix = clean_name(name)
-            for slot in handle.slots:
-                out[clean_name(f"{prefix}.{slot.fqn}" if prefix else slot.fqn)] = handle
-    return out
-
-
-def _sharded_state_dict(unit: FullyShardedDataParallel, *args: Any, **kwargs: Any) -> Any:
-    """torch's SHARDED state dict: the FULL one with every parameter cut into dim-0 chunks,
-    one ``ShardedTensor`` per parameter (what ``torch.distributed.checkpoint`` saves)."""
-    from torch.distributed.fsdp._shard_utils import _create_chunk_sharded_tensor
-
-    handles = _param_handles(unit)
-    config = unit._state_dict_config
-    full = _full_state_dict(unit, False, False, *args, **kwargs)
-    prefix = kwargs.get("prefix", args[1] if len(args) > 1 else "")
-    for key, value in list(full.items()):
-        handle = handles.get(key[len(prefix) :])
-        if handle is None:
-            continue
-        device = value.device
-        per_node = torch.cuda.device_count() if device.type == "cuda" else 1
-        chunked = _create_chunk_sharded_tensor(
-            value, handle.rank, handle.world_size, per_node, handle.group, device=device
-        )
-        full[key] = chunked.cpu() if getattr(config, "offload_to_cpu", False) else chunked
-    return full
-
-
-def _gather_sharded(unit: FullyShardedDataParallel, state: Any) -> Any:
-    """The FULL state dict a SHARDED one stands for (one all-gather per parameter)."""
-    from torch.distributed._shard.sharded_tensor import ShardedTensor
-
-    from ._collectives import all_gather_flat
-
-    handles = _param_handles(unit)
-    out = type(state)()
-    for key, value in state.items():
-        handle = handles.get(key)
-        if handle is None or not isinstance(value, ShardedTensor):
-            out[key] = value
-            continue
-        size = value.size()
-        numel = size.numel()
-        chunk = -(-size[0] // handle.world_size) * numel // size[0]
-        shards = value.local_shards()
-        if len(shards) > 1:
-            raise AssertionError(
-                f"Expects 0 or 1 shard per rank but got {len(shards)} shards on rank {handle.rank}."
-            )
-        if shards:
-            local = shards[0].tensor.flatten()
-            if chunk > local.numel():
-                local = F.pad(local, [0, chunk - local.numel()])
-        else:
-            local = torch.zeros(chunk, dtype=value.dtype)
-        gathered = local.new_empty(chunk * handle.world_size)
-        all_gather_flat(gathered, local.contiguous(), group=handle.group)
-        out[key] = gathered.narrow(0, 0, numel).reshape(size)
-    return out
