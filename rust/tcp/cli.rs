@@ -22,7 +22,9 @@ use crate::error::{Error, Result};
 #[command(
     name = "ferrodist-store",
     version,
-    about = "A torch-compatible TCPStore server"
+    about = "A torch-compatible TCPStore server",
+    // A flag given twice takes its last value (a wrapper script's defaults, then the user's).
+    args_override_self = true
 )]
 pub struct ServerArgs {
     /// Address to bind: an IP literal binds only it; `::` or `0.0.0.0` every interface.

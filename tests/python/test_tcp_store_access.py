@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 import torch.distributed as tdist
-from tcp_support import StoreServer, ferrodist_store_command
+from tcp_support import StoreServer, ferrodist_store_command, torch_servers
 
 import ferrodist
 from ferrodist.errors import AuthenticationError
@@ -83,7 +83,8 @@ class Server(StoreServer):
     """A ``ferrodist-store`` with metrics; its second stdout line gives their address."""
 
     def __init__(self, *args: str) -> None:
-        super().__init__("--metrics-addr", "127.0.0.1:0", *args)
+        # debug: every line the server can write about a connection, none with the token
+        super().__init__("--metrics-addr", "127.0.0.1:0", "--log-level", "debug", *args)
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline().strip()
         assert line.startswith("ferrodist-store metrics on http://"), line
@@ -176,6 +177,36 @@ def test_a_missing_or_empty_token_file_stops_the_start(tmp_path: Path, content: 
     assert str(path) in done.stderr
     assert ("empty" if content is not None else "cannot read") in done.stderr
     assert "listening" not in done.stdout
+
+
+def test_a_client_holding_a_token_still_uses_torchs_own_servers() -> None:
+    with torch_servers(1) as (libuv, legacy):
+        for port in libuv + legacy:
+            store = ferrodist.TCPStore("127.0.0.1", port, timeout=LONG, auth_token=TOKEN)
+            store.set("k", "v")
+            assert store.get("k") == b"v"
+
+
+def test_the_torch_client_flag_needs_a_token_file() -> None:
+    done = subprocess.run(
+        [*ferrodist_store_command(), "--port", "0", "--allow-unauthenticated-torch-clients"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert done.returncode != 0
+    assert "--auth-token-file" in done.stderr
+
+
+def test_the_token_file_is_read_once_at_start(token_file: Path) -> None:
+    server = Server("--auth-token-file", str(token_file))
+    try:
+        token_file.write_text("a-new-token\n")
+        ferrodist.TCPStore("127.0.0.1", server.port, timeout=LONG, auth_token=TOKEN).set("k", "v")
+        with pytest.raises(AuthenticationError):
+            ferrodist.TCPStore("127.0.0.1", server.port, timeout=LONG, auth_token="a-new-token")
+    finally:
+        server.stop_and_log()
 
 
 def test_beyond_max_connections_new_clients_are_refused_and_admitted_ones_carry_on() -> None:

@@ -17,9 +17,11 @@ use bytes::{BufMut, Bytes, BytesMut};
 
 mod reply;
 mod request;
+mod scan;
 
 pub use reply::{decode_reply, Reply, ReplyKind};
-pub use request::{decode_request, scan_request, Request};
+pub use request::{decode_request, decode_request_from, Request};
+pub use scan::{scan_request, scan_request_from, ScanMark};
 
 /// The magic number of the VALIDATE handshake (`00 CE F7 85 3C` on the wire).
 pub const VALIDATE_MAGIC: u32 = 0x3C85_F7CE;
@@ -283,5 +285,7 @@ pub(crate) fn put_keys(dst: &mut BytesMut, keys: &[Bytes]) {
     keys.iter().for_each(|k| put_field(dst, k));
 }
 
+#[cfg(test)]
+mod scan_tests;
 #[cfg(test)]
 mod tests;

@@ -3,7 +3,8 @@
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 
-use super::{put_field, put_keys, Cursor, FrameError, Limits, Opcode, ReplyKind, Scan, Step};
+use super::scan::{parse, scan_request_from, ScanMark};
+use super::{put_field, put_keys, FrameError, Limits, Opcode, ReplyKind, Scan};
 
 /// One request, as a client sends it and a server reads it. Keys are raw wire keys: torch's
 /// client prefixes user keys with `/` before they get here.
@@ -111,96 +112,6 @@ pub enum Request {
     },
 }
 
-/// Spans (start, end) of the fields of one request inside the scanned buffer.
-struct Parsed {
-    op: Opcode,
-    spans: Vec<(usize, usize)>,
-    int: u64,
-    len: usize,
-}
-
-fn parse(buf: &[u8], limits: &Limits) -> Step<Parsed> {
-    let mut cur = Cursor { buf, pos: 0 };
-    let byte = cur.u8()?;
-    let op = Opcode::from_byte(byte).ok_or(Err(FrameError::UnknownOpcode(byte)))?;
-    let mut spans = Vec::new();
-    let mut int = 0u64;
-    let check_total = |cur: &Cursor<'_>| -> Step<()> {
-        if cur.pos as u64 > limits.max_request_bytes {
-            return Err(Err(FrameError::RequestTooLarge {
-                len: cur.pos as u64,
-                max: limits.max_request_bytes,
-            }));
-        }
-        Ok(())
-    };
-    // A declared length that would push the frame past max_request_bytes is refused before its
-    // body is awaited: an incomplete result whose need exceeds the cap is an error.
-    let guard = |step: Step<(usize, usize)>| -> Step<(usize, usize)> {
-        match step {
-            Err(Ok(need)) if need as u64 > limits.max_request_bytes => {
-                Err(Err(FrameError::RequestTooLarge {
-                    len: need as u64,
-                    max: limits.max_request_bytes,
-                }))
-            }
-            other => other,
-        }
-    };
-    match op {
-        Opcode::Validate | Opcode::Ping => int = u64::from(cur.u32()?),
-        Opcode::GetNumKeys | Opcode::CancelWait | Opcode::ListKeys => {}
-        Opcode::Get | Opcode::DeleteKey | Opcode::QueuePop | Opcode::QueueLen => {
-            spans.push(guard(cur.key(limits))?)
-        }
-        Opcode::Add | Opcode::Barrier => {
-            spans.push(guard(cur.key(limits))?);
-            int = cur.u64()?;
-        }
-        Opcode::Set | Opcode::Append | Opcode::QueuePush => {
-            spans.push(guard(cur.key(limits))?);
-            spans.push(guard(cur.value(limits))?);
-        }
-        Opcode::CompareSet => {
-            spans.push(guard(cur.key(limits))?);
-            spans.push(guard(cur.value(limits))?);
-            spans.push(guard(cur.value(limits))?);
-        }
-        Opcode::Check | Opcode::Wait | Opcode::MultiGet => {
-            for _ in 0..cur.count(limits)? {
-                spans.push(guard(cur.key(limits))?);
-                check_total(&cur)?;
-            }
-        }
-        Opcode::MultiSet => {
-            for _ in 0..cur.count(limits)? {
-                spans.push(guard(cur.key(limits))?);
-                spans.push(guard(cur.value(limits))?);
-                check_total(&cur)?;
-            }
-        }
-    }
-    check_total(&cur)?;
-    Ok(Parsed {
-        op,
-        spans,
-        int,
-        len: cur.pos,
-    })
-}
-
-/// Finds out whether a whole request sits at the start of `buf`, without copying anything.
-///
-/// Errors as soon as the bytes seen break the protocol or a declared length breaks `limits`,
-/// even when the rest of the frame has not arrived.
-pub fn scan_request(buf: &[u8], limits: &Limits) -> Result<Scan, FrameError> {
-    match parse(buf, limits) {
-        Ok(parsed) => Ok(Scan::Complete(parsed.len)),
-        Err(Ok(need)) => Ok(Scan::Incomplete(need)),
-        Err(Err(err)) => Err(err),
-    }
-}
-
 /// Frames shorter than this are copied out of the read buffer; longer ones share its memory.
 ///
 /// Sharing pins the whole read buffer for as long as any key or value of the frame lives (a
@@ -212,9 +123,30 @@ pub const SHARE_FRAMES_FROM: usize = 4 * 1024;
 /// alone) when it is not complete yet. Keys and values of a large frame share `buf`'s memory;
 /// a small frame is copied (see `SHARE_FRAMES_FROM`).
 pub fn decode_request(buf: &mut BytesMut, limits: &Limits) -> Result<Option<Request>, FrameError> {
-    let parsed = match parse(buf, limits) {
+    decode_request_from(buf, limits, &mut ScanMark::default())
+}
+
+/// [`decode_request`] for a connection that keeps a [`ScanMark`] of its incomplete frame: an
+/// incomplete multi-key frame is scanned on from where the last call stopped, and parsed whole
+/// (for its fields) only once it is complete.
+pub fn decode_request_from(
+    buf: &mut BytesMut,
+    limits: &Limits,
+    mark: &mut ScanMark,
+) -> Result<Option<Request>, FrameError> {
+    if mark.is_set() {
+        match scan_request_from(buf, limits, mark)? {
+            Scan::Incomplete(_) => return Ok(None),
+            Scan::Complete(_) => *mark = ScanMark::default(),
+        }
+    }
+    let mut progress = ScanMark::default();
+    let parsed = match parse(buf, limits, &mut progress, true) {
         Ok(parsed) => parsed,
-        Err(Ok(_)) => return Ok(None),
+        Err(Ok(_)) => {
+            *mark = progress;
+            return Ok(None);
+        }
         Err(Err(err)) => return Err(err),
     };
     let frame = if parsed.len < SHARE_FRAMES_FROM {

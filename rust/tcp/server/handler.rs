@@ -15,9 +15,14 @@
 //! held behind it (they depended on that wait) and is answered with WAIT_CANCELED.
 //!
 //! Memory per connection is bounded: the read buffer grows only as far as the frame being read
-//! needs, a frame whose declared lengths break [`Limits`](crate::tcp::codec::Limits) closes the connection at once (before
-//! its body is buffered), and the requests held behind a wait are capped in count and bytes.
-//! Any protocol breach closes this connection only; the server and other clients carry on.
+//! needs, a frame whose declared lengths break [`Limits`](crate::tcp::codec::Limits) closes the
+//! connection at once (before its body is buffered), and the requests held behind a wait are
+//! capped in count and bytes. Any protocol breach closes this connection only; the server and
+//! other clients carry on.
+//!
+//! The handshake (VALIDATE, and the token's proof on a server with one) is in
+//! `handler/admission.rs`; every request served is counted in the server's
+//! [`metrics`](super::metrics), with the time it took.
 
 use std::collections::VecDeque;
 use std::future::{poll_fn, Future};
@@ -40,8 +45,8 @@ use super::Shared;
 use crate::store::db::{Db, Waiter};
 use crate::tcp::auth::PROOF_LEN;
 use crate::tcp::codec::{
-    decode_request, scan_request, FrameError, Reply, Request, Scan, FERRODIST_PING, FERRODIST_PONG,
-    STOP_WAITING, WAIT_CANCELED,
+    decode_request_from, scan_request_from, FrameError, Reply, Request, Scan, ScanMark,
+    FERRODIST_PING, FERRODIST_PONG, STOP_WAITING, WAIT_CANCELED,
 };
 
 mod admission;
@@ -103,6 +108,8 @@ pub struct Handler {
     /// The server's limits, access rules and metrics.
     shared: Arc<Shared>,
     input: BytesMut,
+    /// How far the incomplete multi-key frame at the start of `input` has been scanned.
+    scan_mark: ScanMark,
     output: Outbox,
     /// Until the handshake is over: the handshake-deadline slot (or [`UNWATCHED`]).
     handshake: Slot,
@@ -126,6 +133,7 @@ impl Handler {
             db,
             shared,
             input: BytesMut::new(),
+            scan_mark: ScanMark::default(),
             output: Outbox::default(),
             handshake: UNWATCHED,
             stage: Stage::Connected,
@@ -215,7 +223,7 @@ impl Handler {
             let need = if self.stage == Stage::Challenged {
                 PROOF_LEN // raw bytes, not a request
             } else {
-                match scan_request(&self.input, &self.shared.limits)? {
+                match scan_request_from(&self.input, &self.shared.limits, &mut self.scan_mark)? {
                     Scan::Incomplete(need) => need,
                     Scan::Complete(_) => self.input.len() + 1,
                 }
@@ -255,6 +263,11 @@ impl Handler {
         Poll::Ready(Ok(Event::Read(read)))
     }
 
+    /// The next complete request off the input buffer, if there is one.
+    fn decode(&mut self) -> Result<Option<Request>, FrameError> {
+        decode_request_from(&mut self.input, &self.shared.limits, &mut self.scan_mark)
+    }
+
     /// Handles every complete request in the buffer (and those held behind a released wait).
     fn process_buffered(&mut self) -> Result<(), Closed> {
         // One clock read per request: each request's time runs from the end of the previous
@@ -272,7 +285,7 @@ impl Handler {
                 }
             }
             let request = match self.stage {
-                Stage::Admitted => match decode_request(&mut self.input, &self.shared.limits)? {
+                Stage::Admitted => match self.decode()? {
                     Some(request) => request,
                     None => return Ok(()),
                 },

@@ -13,7 +13,7 @@
 
 use super::{Closed, Handler};
 use crate::tcp::auth::{self, ADMITTED, CHALLENGE_LEN, FERRODIST_PONG_AUTH, PROOF_LEN, REFUSED};
-use crate::tcp::codec::{decode_request, Reply, Request, FERRODIST_PING, VALIDATE_MAGIC};
+use crate::tcp::codec::{Reply, Request, FERRODIST_PING, VALIDATE_MAGIC};
 use crate::tcp::server::handshake_deadline;
 use crate::tcp::server::metrics::Refusal;
 
@@ -64,7 +64,7 @@ impl Handler {
             Stage::Challenged => return Ok(self.check_proof()),
             Stage::Connected | Stage::Validated => {}
         }
-        let Some(request) = decode_request(&mut self.input, &self.shared.limits)? else {
+        let Some(request) = self.decode()? else {
             return Ok(Step::Stop);
         };
         match (self.stage, request) {
