@@ -247,6 +247,18 @@ def check_summon_full_params(rank: int, world: int) -> None:
                     tag + " rank0_only",
                 )
         assert_same_state(theirs.state_dict(), ours.state_dict(), tag + " after rank0_only")
+        if use_orig_params:  # torch allows with_grads only with use_orig_params
+            for model in (theirs, ours):
+                x, y = batch(5, rank)
+                nn.functional.mse_loss(model(x), y).backward()
+            with (
+                TorchFSDP.summon_full_params(theirs, with_grads=True),
+                FerroFSDP.summon_full_params(ours, with_grads=True),
+            ):
+                for (name, p), (_, q) in zip(theirs.named_parameters(), ours.named_parameters()):
+                    assert p.grad is not None and q.grad is not None, (tag, name)
+                    assert torch.equal(p.grad, q.grad), (tag, "with_grads", name)
+            step_both(theirs, ours, rank, 6, tag + " after with_grads")
 
 
 def check_no_sync_and_clip(rank: int, world: int) -> None:

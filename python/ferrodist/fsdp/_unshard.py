@@ -103,9 +103,11 @@ def summon(
             if writeback and show:
                 handle.write_back_unsharded()
             if with_grads:
-                handle.flat_param.grad = saved
+                handle.flat_param.grad = None  # the gathered one; the shard comes back below
             if not was:
                 handle.reshard(free=True)
+            if with_grads:
+                handle.flat_param.grad = saved
             if handle.use_orig_params:
                 handle.use_sharded_views()
                 if with_grads:
