@@ -1,8 +1,7 @@
 """The demo: real processes train a small model with DDP over gloo on CPU, via ferrodist.
 
 ``python -m ferrodist.demo [--world-size N] [--steps S] [--optimizer NAME] [--ddp NAME]
-[--fsdp STRATEGY]`` (``--fsdp`` shards parameters, gradients and optimizer state with
-``ferrodist.fsdp`` instead of replicating the model with DDP)
+[--fsdp STRATEGY]`` (``--fsdp`` trains with ferrodist's FullyShardedDataParallel instead of DDP)
 (``./scripts/demo`` runs it). The launcher starts N processes; each does
 ``import ferrodist as dist`` and rendezvouses over ``tcp://`` with the store server embedded in
 rank 0 (no separate server to start). Rank 0 prints who joined and then the loss, averaged over
@@ -28,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Callable
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["DDP_WRAPPERS", "FSDP_STRATEGIES", "OPTIMIZERS", "main"]
+__all__ = ["DDP_WRAPPERS", "OPTIMIZERS", "main"]
 
 
 def _attr(module: str, name: str) -> Any:
@@ -52,7 +51,20 @@ DDP_WRAPPERS: dict[str, Callable[[torch.nn.Module], torch.nn.Module]] = {
 """``--ddp`` choices: name -> wrap(model)."""
 
 FSDP_STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD")
-"""``--fsdp`` choices (the hybrid strategies need a node layout the demo does not have)."""
+"""``--fsdp`` choices: torch's ``ShardingStrategy`` names that need no extra process groups."""
+
+
+def _wrap_fsdp(model: torch.nn.Module, strategy: str) -> torch.nn.Module:
+    import torch
+
+    fsdp = importlib.import_module("ferrodist.fsdp")
+    return fsdp.FullyShardedDataParallel(  # type: ignore[no-any-return]
+        model,
+        sharding_strategy=fsdp.ShardingStrategy[strategy],
+        device_id=torch.device("cpu"),
+        use_orig_params=True,
+    )
+
 
 DEFAULT_LR = {"sgd": 0.05, "adam": 0.01, "zero": 0.05}
 
@@ -67,7 +79,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         "--fsdp",
         choices=FSDP_STRATEGIES,
         default=None,
-        help="train with ferrodist.fsdp and this sharding strategy instead of DDP",
+        help="wrap with ferrodist's FullyShardedDataParallel and this sharding strategy",
     )
     p.add_argument("--lr", type=float, default=None, help="learning rate (default per optimizer)")
     p.add_argument("--port", type=int, default=0, help="rendezvous port (default: a free one)")
@@ -97,18 +109,6 @@ def _data(rank: int, n: int = 256) -> tuple[torch.Tensor, torch.Tensor]:
     return x, torch.sin(x @ w) + 0.01 * torch.randn(n, 1, generator=g)
 
 
-def _fsdp(model: torch.nn.Module, strategy: str) -> torch.nn.Module:
-    """``model`` fully sharded over the default group with ``ferrodist.fsdp``."""
-    import torch
-
-    fsdp = importlib.import_module("ferrodist.fsdp")
-    return fsdp.FullyShardedDataParallel(  # type: ignore[no-any-return]
-        model,
-        sharding_strategy=getattr(fsdp.ShardingStrategy, strategy),
-        device_id=torch.device("cpu"),
-    )
-
-
 def _worker(rank: int, args: argparse.Namespace, port: int) -> None:
     import torch
 
@@ -128,7 +128,7 @@ def _worker(rank: int, args: argparse.Namespace, port: int) -> None:
 
     torch.manual_seed(0)  # the same initial weights everywhere (DDP also broadcasts them)
     model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
-    ddp = _fsdp(model, args.fsdp) if args.fsdp else DDP_WRAPPERS[args.ddp](model)
+    ddp = _wrap_fsdp(model, args.fsdp) if args.fsdp else DDP_WRAPPERS[args.ddp](model)
     lr = args.lr if args.lr is not None else DEFAULT_LR.get(args.optimizer, 0.01)
     opt = OPTIMIZERS[args.optimizer](ddp.parameters(), lr)
     x, y = _data(rank)

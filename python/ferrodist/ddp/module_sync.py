@@ -25,9 +25,13 @@ def _describe(names: Sequence[str], params: Sequence[torch.Tensor]) -> list[tupl
 
 
 def verify_params_across_ranks(
-    process_group: Any, names: Sequence[str], params: Sequence[torch.Tensor]
+    process_group: Any,
+    names: Sequence[str],
+    params: Sequence[torch.Tensor],
+    wrapper: str = "DDP",
 ) -> None:
-    """Raise ``DistError`` (a ``RuntimeError``) on every rank if the models differ."""
+    """Raise ``DistError`` (a ``RuntimeError``) on every rank if the models differ
+    (``wrapper`` names the caller in the message: DDP, FSDP)."""
     mine = _describe(names, params)
     everyone: list[Any] = [None] * process_group.size()
     tdist.all_gather_object(everyone, mine, group=process_group)
@@ -46,7 +50,9 @@ def verify_params_across_ranks(
                 )
                 break
     if problems:
-        raise DistError("DDP expects same model across all ranks, but " + "; ".join(problems) + ".")
+        raise DistError(
+            f"{wrapper} expects same model across all ranks, but " + "; ".join(problems) + "."
+        )
 
 
 def broadcast_tensors(process_group: Any, tensors: Sequence[torch.Tensor], src: int) -> None:

@@ -1,0 +1,299 @@
+"""One FSDP unit's flat parameter: the shard a rank keeps, the unsharded buffer, the views.
+
+Why a flat parameter: a wrapped unit's parameters are concatenated into one 1-D tensor so that
+a unit costs one all-gather and one reduce-scatter, whatever its number of tensors. The layout
+(which element goes where, the alignment and end padding, each rank's range) is planned once in
+Rust (``_layout.plan_flat_param``); this module only moves tensors according to it.
+
+The memory model is torch's, since torch's checkpoints, optimizer states and numbers must match
+ours bit for bit:
+
+* ``flat_param`` is one ``nn.Parameter``. While sharded its data is this rank's padded shard
+  (what the optimizer steps); while unsharded its data is the first ``flat_numel`` elements of
+  the padded unsharded buffer, so the views the forward uses are views of the parameter and
+  autograd accumulates one unsharded gradient into ``flat_param.grad``.
+* The padded unsharded buffer is one tensor whose *storage* is freed (resized to 0) on reshard
+  and re-grown on unshard: the tensors autograd saved in the forward are views of that storage,
+  so the all-gather in the pre-backward refills exactly what the backward reads.
+* Alignment padding (``use_orig_params=True``) holds torch's marker value 42; the end padding a
+  shard needs is zeros. Neither is ever read by a computation, but both are stepped by the
+  optimizer, so matching them keeps flat optimizer states equal to torch's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from ._collectives import all_gather_flat
+from ._layout import FlatParamLayout, ShardParamInfo, plan_flat_param
+
+PADDING_VALUE = 42.0
+"""The value torch writes into alignment padding (visible in flat optimizer states)."""
+
+
+@dataclass(frozen=True)
+class ParamSlot:
+    """Where one original parameter lives: its module, attribute name and name in the unit."""
+
+    module: nn.Module
+    attr: str
+    fqn: str
+    shape: torch.Size
+
+
+class FlatHandle:
+    """The flat parameter of one wrapped unit and its shard/unshard transitions."""
+
+    def __init__(
+        self,
+        slots: list[ParamSlot],
+        params: list[nn.Parameter],
+        group: dist.ProcessGroup,
+        sharded: bool,
+        use_orig_params: bool,
+        param_dtype: Optional[torch.dtype] = None,
+        reduce_dtype: Optional[torch.dtype] = None,
+        keep_low_precision_grads: bool = False,
+    ) -> None:
+        self.slots = slots
+        self.orig_params = params
+        self.group = group
+        self.rank = group.rank()
+        self.world_size = group.size()
+        self.sharded = sharded
+        self.use_orig_params = use_orig_params
+        dtype = params[0].dtype
+        # torch's mixed-precision rule: a param_dtype alone also sets the reduce dtype.
+        self.compute_dtype = param_dtype or dtype
+        if param_dtype is not None and reduce_dtype is None:
+            self.reduce_dtype = param_dtype
+        else:
+            self.reduce_dtype = reduce_dtype or dtype
+        self.mixed_params = self.compute_dtype != dtype
+        self.keep_low_precision_grads = keep_low_precision_grads
+        self.layout: FlatParamLayout = plan_flat_param(
+            [p.numel() for p in params],
+            torch.empty((), dtype=self.compute_dtype).element_size(),
+            self.world_size,
+            align_addresses=use_orig_params,
+        )
+        self.shard_infos: tuple[ShardParamInfo, ...] = (
+            self.layout.shard_param_infos(self.rank)
+            if sharded
+            else self.layout.unsharded_param_infos()
+        )
+        flat = self._flatten([p.detach() for p in params], dtype)
+        requires_grad = any(p.requires_grad for p in params)
+        if sharded:
+            start, end = self.layout.shard_range(self.rank)
+            local = flat[start:end].clone()
+            pad = self.layout.shard_padding(self.rank)
+            if pad > 0:
+                local = F.pad(local, [0, pad])
+        else:
+            local = flat
+        self.local_shard: torch.Tensor = local
+        self.flat_param = nn.Parameter(local, requires_grad=requires_grad)
+        self.padded_unsharded = torch.empty(
+            self.layout.padded_unsharded_numel, dtype=self.compute_dtype, device=local.device
+        )
+        self._free(self.padded_unsharded)
+        # Mixed precision: summon_full_params and state dicts gather the full-precision shards.
+        self.padded_full_precision = torch.empty(
+            self.layout.padded_unsharded_numel if self.mixed_params else 0,
+            dtype=dtype,
+            device=local.device,
+        )
+        self._free(self.padded_full_precision)
+        self._unsharded = not sharded
+        self.saved_grad_shard: Optional[torch.Tensor] = None
+        self.post_backward_called = False
+        if not use_orig_params:
+            # The originals are replaced by views of ``flat_param``: holding them here would
+            # keep the whole unsharded model alive on every rank.
+            self.orig_params = []
+
+    # ----- building -----
+
+    def _flatten(self, tensors: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+        """The unsharded flat tensor: parameters and alignment padding, in layout order."""
+        pieces: list[torch.Tensor] = []
+        it = iter(tensors)
+        device = tensors[0].device
+        for numel, is_pad in zip(self.layout.numels_with_padding, self.layout.is_padding_mask):
+            if is_pad:
+                pieces.append(torch.full((numel,), PADDING_VALUE, dtype=dtype, device=device))
+            else:
+                pieces.append(next(it).reshape(-1))
+        return torch.cat(pieces)
+
+    # ----- storage -----
+
+    @staticmethod
+    def _free(tensor: torch.Tensor) -> None:
+        storage = tensor.untyped_storage()
+        if storage.size() != 0:
+            storage.resize_(0)
+
+    @staticmethod
+    def _alloc(tensor: torch.Tensor) -> None:
+        storage = tensor.untyped_storage()
+        nbytes = tensor.numel() * tensor.element_size()
+        if storage.size() != nbytes:
+            storage.resize_(nbytes)
+
+    @property
+    def is_unsharded(self) -> bool:
+        """Whether ``flat_param`` currently holds the whole (unpadded) flat parameter."""
+        return self._unsharded
+
+    # ----- transitions -----
+
+    def unshard(self, full_precision: bool = False) -> None:
+        """All-gather the shards into the padded buffer (if it was freed) and point at it.
+
+        With parameter mixed precision the shard is cast first and the buffer is in the compute
+        dtype, unless ``full_precision`` (summon, state dicts) asks for the original dtype.
+        """
+        low = self.mixed_params and not full_precision
+        if not self.sharded:
+            self.flat_param.data = (
+                self.local_shard.to(self.compute_dtype) if low else self.local_shard
+            )
+            return
+        buffer = (
+            self.padded_unsharded if not self.mixed_params or low else self.padded_full_precision
+        )
+        if buffer.untyped_storage().size() == 0:
+            self._alloc(buffer)
+            source = self.local_shard.to(self.compute_dtype) if low else self.local_shard
+            all_gather_flat(buffer, source, group=self.group)
+        self.flat_param.data = buffer[: self.layout.flat_numel]
+        self._unsharded = True
+
+    def reshard(self, free: bool) -> None:
+        """Point ``flat_param`` back at the shard; with ``free``, drop the unsharded storage."""
+        self.flat_param.data = self.local_shard
+        if not self.sharded:
+            return
+        self._unsharded = False
+        self._free(self.padded_full_precision)
+        if free:
+            self._free(self.padded_unsharded)
+
+    def write_back_unsharded(self) -> None:
+        """Copy this rank's range of the unsharded buffer into its shard (after edits to it)."""
+        buffer = self.padded_full_precision if self.mixed_params else self.padded_unsharded
+        if not self.sharded or buffer.untyped_storage().size() == 0:
+            return
+        start = self.rank * self.layout.shard_numel
+        with torch.no_grad():
+            self.local_shard.copy_(buffer[start : start + self.layout.shard_numel])
+
+    # ----- views -----
+
+    def unflat_views(self, tensor: torch.Tensor) -> list[torch.Tensor]:
+        """Views of an unsharded flat ``tensor`` in each original parameter's shape."""
+        pieces = torch.split(tensor, list(self.layout.numels_with_padding))
+        out = []
+        for piece, is_pad in zip(pieces, self.layout.is_padding_mask):
+            if not is_pad:
+                out.append(piece)
+        return [piece.view(slot.shape) for piece, slot in zip(out, self.slots)]
+
+    def use_unsharded_views(self, as_params: bool) -> None:
+        """Make each module attribute a view of the unsharded ``flat_param``.
+
+        With ``as_params`` the attributes are registered parameters (the original objects when
+        ``use_orig_params``, new ones otherwise), as named_parameters shows them; without, they
+        are plain tensors, so the forward's autograd graph leads back to ``flat_param``.
+        """
+        with torch.enable_grad():
+            views = self.unflat_views(self.flat_param)
+        for index, (slot, view) in enumerate(zip(self.slots, views)):
+            module = slot.module
+            if as_params:
+                if self.use_orig_params:
+                    param = self.orig_params[index]
+                    param.data = view.detach()
+                else:
+                    param = nn.Parameter(view.detach(), requires_grad=self.flat_param.requires_grad)
+                module.__dict__.pop(slot.attr, None)
+                module._parameters[slot.attr] = param
+            else:
+                module._parameters.pop(slot.attr, None)
+                module.__dict__[slot.attr] = view
+
+    def hide_params(self) -> None:
+        """``use_orig_params=False`` between steps: the originals are no registered parameters,
+        only empty tensor attributes (so ``module.weight`` and the module's repr still work)."""
+        placeholder = self.local_shard.new_empty(0)
+        for slot in self.slots:
+            slot.module._parameters.pop(slot.attr, None)
+            slot.module.__dict__[slot.attr] = placeholder
+
+    @torch.no_grad()
+    def use_sharded_views(self) -> None:
+        """``use_orig_params=True``: each original parameter's data is its slice of the shard."""
+        if not self.sharded:
+            self.use_unsharded_views(as_params=True)
+            return
+        empty = self.flat_param.new_empty(0)
+        for param, info, slot in zip(self.orig_params, self.shard_infos, self.slots):
+            slot.module.__dict__.pop(slot.attr, None)
+            slot.module._parameters[slot.attr] = param
+            if info.in_shard:
+                assert info.offset_in_shard is not None and info.numel_in_shard is not None
+                param.data = self.flat_param[
+                    info.offset_in_shard : info.offset_in_shard + info.numel_in_shard
+                ]
+            else:
+                param.data = empty
+
+    @torch.no_grad()
+    def use_sharded_grad_views(self) -> None:
+        """``use_orig_params=True``: each original parameter's grad is its slice of the grad."""
+        grad = self.saved_grad_shard if self.saved_grad_shard is not None else self.flat_param.grad
+        if not self.sharded:
+            views = self.unflat_views(grad) if grad is not None else None
+            for index, param in enumerate(self.orig_params):
+                param.grad = views[index] if views is not None and param.requires_grad else None
+            return
+        for param, info in zip(self.orig_params, self.shard_infos):
+            if grad is None or not info.in_shard or not param.requires_grad:
+                param.grad = None
+            else:
+                assert info.offset_in_shard is not None and info.numel_in_shard is not None
+                param.grad = grad[
+                    info.offset_in_shard : info.offset_in_shard + info.numel_in_shard
+                ].reshape(param.shape)
+
+    def reset_flat_grad_if_orig_grads_none(self) -> None:
+        """``use_orig_params=True``: ``zero_grad(set_to_none=True)`` on the originals frees the
+        flat gradient too (the optimizer never sees ``flat_param``)."""
+        if all(p.grad is None for p in self.orig_params):
+            self.flat_param.grad = None
+        self.flat_param.requires_grad_(any(p.requires_grad for p in self.orig_params))
+
+    def full_flat(self) -> torch.Tensor:
+        """The unpadded unsharded flat tensor (the handle must be unsharded)."""
+        return self.flat_param.data[: self.layout.flat_numel]
+
+    def shard_of(self, flat: torch.Tensor) -> torch.Tensor:
+        """This rank's padded shard of an unsharded flat tensor laid out like ``flat_param``."""
+        if not self.sharded:
+            return flat
+        start, end = self.layout.shard_range(self.rank)
+        shard = flat[start:end]
+        pad = self.layout.shard_padding(self.rank)
+        return F.pad(shard, [0, pad]) if pad > 0 else shard
+
+    def flatten_full(self, tensors: list[torch.Tensor]) -> torch.Tensor:
+        """Unsharded flat tensor from one full tensor per original parameter (for loading)."""
+        return self._flatten([t.detach() for t in tensors], self.local_shard.dtype)

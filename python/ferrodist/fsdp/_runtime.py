@@ -1,0 +1,321 @@
+"""The training-step hooks of FSDP: unshard before use, reshard after, reduce gradients.
+
+Why hooks on tensors and on ``AccumulateGrad``: the unit's forward knows when its parameters
+are needed, but the backward order is autograd's. So, as torch does,
+
+* the pre-forward all-gathers the unit's flat parameter and installs the views;
+* the post-forward reshards it (FULL_SHARD / HYBRID_SHARD free the unsharded storage; the root
+  keeps it, since its backward starts right away) and hooks every output tensor that needs a
+  gradient, so the first gradient reaching the unit re-gathers the parameters (pre-backward);
+* a hook on the flat parameter's ``AccumulateGrad`` node runs once its whole unsharded gradient
+  is ready (post-backward): it reshards and reduces the gradient;
+* a callback queued on autograd's engine at the first pre-backward of the root runs once the
+  whole backward is done: it hands each unit's reduced shard to ``.grad`` for the optimizer.
+
+The gradient arithmetic is torch's, step by step, so results are bit-identical: divide by the
+pre-divide factor, reduce-scatter the padded unsharded gradient over the shard group (all-reduce
+for NO_SHARD), all-reduce over the replicate group for hybrid strategies, divide by the
+post-divide factor, and add to any gradient kept from an earlier backward.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import TYPE_CHECKING, Any, Optional
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.autograd import Variable
+from torch.distributed.fsdp import ShardingStrategy
+
+from ._collectives import reduce_scatter_flat
+
+if TYPE_CHECKING:
+    from ._flat import FlatHandle
+    from ._wrapper import FullyShardedDataParallel
+
+RESHARD_AFTER_FORWARD = (ShardingStrategy.FULL_SHARD, ShardingStrategy.HYBRID_SHARD)
+HYBRID = (ShardingStrategy.HYBRID_SHARD, ShardingStrategy._HYBRID_SHARD_ZERO2)
+
+
+def predivide_factor(world_size: int) -> float:
+    """torch's pre-divide factor: the largest power of two ``f`` with ``f * f <= world_size``
+    dividing it, so neither division alone under- or overflows in low precision."""
+    factor = 1
+    while world_size % factor == 0 and world_size / factor > factor:
+        factor *= 2
+    return float(factor)
+
+
+def _divide(tensor: torch.Tensor, factor: float) -> None:
+    if factor > 1:
+        tensor.div_(factor)
+
+
+# ----- forward -----
+
+
+def pre_forward(unit: FullyShardedDataParallel) -> None:
+    """Unshard the unit's parameters and hook its ``AccumulateGrad`` for the backward."""
+    handle = unit._handle
+    if handle is None:
+        return
+    unit._handle_state = "forward"
+    handle.unshard()
+    handle.use_unsharded_views(as_params=False)
+    if torch.is_grad_enabled():
+        _register_post_backward_hook(unit, handle)
+
+
+def post_forward(unit: FullyShardedDataParallel, output: Any) -> Any:
+    """Reshard (unless root or a no-reshard strategy) and hook the outputs for the backward."""
+    handle = unit._handle
+    if handle is not None:
+        free = not unit._is_root and unit.sharding_strategy in RESHARD_AFTER_FORWARD
+        _reshard(unit, handle, free, in_forward=True)
+    if torch.is_grad_enabled():
+        unit._ran_pre_backward = False
+        if unit._is_root:
+            unit._final_callback_queued = False
+        hook = functools.partial(_pre_backward_hook, unit)
+        _for_each_tensor(output, lambda t: t.register_hook(hook) if t.requires_grad else None)
+    unit._handle_state = "idle"
+    return output
+
+
+def _for_each_tensor(obj: Any, fn: Any) -> None:
+    if isinstance(obj, torch.Tensor):
+        fn(obj)
+    elif isinstance(obj, (list, tuple)):
+        for item in obj:
+            _for_each_tensor(item, fn)
+    elif isinstance(obj, dict):
+        for item in obj.values():
+            _for_each_tensor(item, fn)
+    elif hasattr(obj, "__dataclass_fields__"):
+        for name in obj.__dataclass_fields__:
+            _for_each_tensor(getattr(obj, name), fn)
+
+
+def _reshard(
+    unit: FullyShardedDataParallel, handle: FlatHandle, free: bool, in_forward: bool = False
+) -> None:
+    handle.reshard(free)
+    if not handle.use_orig_params:
+        return
+    keep_views = (
+        in_forward
+        and torch.is_grad_enabled()
+        and unit.sharding_strategy not in RESHARD_AFTER_FORWARD
+        and handle.sharded
+    )
+    if not keep_views:
+        handle.use_sharded_views()
+        if in_forward:
+            grad = handle.flat_param.grad
+            if grad is not None and handle.sharded and grad.numel() == handle.layout.flat_numel:
+                unsharded_grad_views(handle)  # accumulated under no_sync
+            else:
+                handle.use_sharded_grad_views()
+
+
+# ----- backward -----
+
+
+def _pre_backward_hook(unit: FullyShardedDataParallel, grad: torch.Tensor) -> torch.Tensor:
+    if unit._ran_pre_backward:
+        return grad
+    if unit._is_root and not unit._final_callback_queued:
+        unit._final_callback_queued = True
+        Variable._execution_engine.queue_callback(functools.partial(_final_callback, unit))
+        for other in unit._all_units:
+            if other._handle is not None and other._handle.use_orig_params:
+                other._handle.reset_flat_grad_if_orig_grads_none()
+    handle = unit._handle
+    if handle is not None:
+        unit._handle_state = "backward_pre"
+        handle.unshard()
+        handle.use_unsharded_views(as_params=False)
+        _prepare_gradient_for_backward(handle)
+    unit._ran_pre_backward = True
+    return grad
+
+
+def _prepare_gradient_for_backward(handle: FlatHandle) -> None:
+    """Move a reduced shard kept from an earlier step aside, so autograd starts a new
+    unsharded gradient; the new reduced shard is added to it (gradient accumulation)."""
+    flat = handle.flat_param
+    grad = flat.grad
+    if grad is not None and grad.size() != torch.Size([handle.layout.flat_numel]):
+        if grad.size() == handle.local_shard.size():
+            handle.saved_grad_shard = grad.data
+        flat.grad = None
+
+
+def _register_post_backward_hook(unit: FullyShardedDataParallel, handle: FlatHandle) -> None:
+    flat = handle.flat_param
+    if unit._post_backward_hook is not None or not flat.requires_grad:
+        return
+    grad_fn = flat.expand_as(flat).grad_fn
+    assert grad_fn is not None
+    accumulate = grad_fn.next_functions[0][0]
+    assert accumulate is not None
+    hook = accumulate.register_hook(functools.partial(_post_backward_hook, unit, handle))
+    unit._post_backward_hook = (accumulate, hook)
+
+
+@torch.no_grad()
+def _post_backward_hook(unit: FullyShardedDataParallel, handle: FlatHandle, *_: Any) -> None:
+    flat = handle.flat_param
+    handle.post_backward_called = True
+    unit._handle_state = "backward_post"
+    if flat.grad is None:
+        return
+    if flat.grad.requires_grad:
+        raise RuntimeError("FSDP does not support gradients of gradients")
+    free = handle.sharded and (
+        unit._sync_gradients or unit.sharding_strategy in RESHARD_AFTER_FORWARD
+    )
+    _reshard(unit, handle, free)
+    if not unit._sync_gradients:
+        if handle.use_orig_params:
+            unsharded_grad_views(handle)
+        return
+    if flat.grad.dtype != handle.reduce_dtype and unit._comm_hook is None:
+        flat.grad.data = flat.grad.to(handle.reduce_dtype)
+    if handle.sharded:
+        _reduce_sharded(unit, handle)
+    else:
+        _reduce_unsharded(unit, handle)
+    if handle.use_orig_params:
+        handle.use_sharded_grad_views()
+
+
+@torch.no_grad()
+def unsharded_grad_views(handle: FlatHandle) -> None:
+    """``use_orig_params``: each original's grad is a view of the unsharded flat grad, even
+    while its data is a 1-D shard (``.grad.data`` skips autograd's shape check, as torch does)."""
+    grad = handle.flat_param.grad
+    if grad is None:
+        for param in handle.orig_params:
+            param.grad = None
+        return
+    for param, view in zip(handle.orig_params, handle.unflat_views(grad)):
+        if param.shape != view.shape:
+            if param.grad is None:
+                param.grad = torch.empty_like(param)
+            param.grad.data = view
+        else:
+            param.grad = view
+
+
+def _reduce_sharded(unit: FullyShardedDataParallel, handle: FlatHandle) -> None:
+    flat = handle.flat_param
+    assert flat.grad is not None
+    unsharded = flat.grad.data
+    flat.grad = None
+    pad = handle.layout.padded_unsharded_numel - unsharded.numel()
+    padded = F.pad(unsharded, [0, pad]) if pad > 0 else unsharded
+    shard = torch.empty(handle.layout.shard_numel, dtype=unsharded.dtype, device=unsharded.device)
+    hook = unit._comm_hook
+    if hook is None:
+        _divide(padded, unit._predivide)
+        reduce_scatter_flat(shard, padded, group=handle.group)
+        if unit.sharding_strategy in HYBRID:
+            dist.all_reduce(shard, group=unit._inter_group)
+        _divide(shard, unit._postdivide)
+    else:
+        hook(unit._comm_hook_state, padded, shard)
+    if shard.dtype != handle.flat_param.dtype and unit._comm_hook is None:
+        shard.data = shard.data.to(handle.flat_param.dtype)
+    if handle.saved_grad_shard is not None:
+        handle.saved_grad_shard += shard
+    else:
+        handle.saved_grad_shard = shard
+
+
+def _reduce_unsharded(unit: FullyShardedDataParallel, handle: FlatHandle) -> None:
+    grad = handle.flat_param.grad
+    assert grad is not None
+    hook = unit._comm_hook
+    if hook is None:
+        _divide(grad, unit._predivide)
+        dist.all_reduce(grad, group=handle.group)
+        _divide(grad, unit._postdivide)
+    else:
+        hook(unit._comm_hook_state, grad)
+    if not handle.keep_low_precision_grads and grad.dtype != handle.flat_param.dtype:
+        grad.data = grad.data.to(handle.flat_param.dtype)
+
+
+def _final_callback(root: FullyShardedDataParallel) -> None:
+    """After the whole backward: reshard what is left, hand reduced shards to ``.grad``."""
+    for unit in root._all_units:
+        handle = unit._handle
+        unit._handle_state = "idle"
+        unit._ran_pre_backward = False
+        if handle is None:
+            continue
+        if handle.sharded and handle.is_unsharded:
+            _reshard(unit, handle, free=True)
+        if unit._post_backward_hook is not None:
+            unit._post_backward_hook[1].remove()
+            unit._post_backward_hook = None
+        if not handle.flat_param.requires_grad or not root._sync_gradients:
+            continue
+        if handle.post_backward_called and handle.saved_grad_shard is not None:
+            handle.flat_param.grad = handle.saved_grad_shard
+        handle.saved_grad_shard = None
+        handle.post_backward_called = False
+    root._final_callback_queued = False
+
+
+def lazy_init_root(root: FullyShardedDataParallel) -> None:
+    """First forward of the outermost unit: it becomes the root of every unit below it."""
+    from ._wrapper import FullyShardedDataParallel
+
+    units = [m for m in root.modules() if isinstance(m, FullyShardedDataParallel)]
+    for unit in units:
+        unit._is_root = unit is root
+        unit._all_units = units if unit is root else []
+    cast_buffers(root)
+
+
+def cast_inputs(dtype: Optional[torch.dtype], obj: Any) -> Any:
+    """``obj`` with every floating-point tensor cast to ``dtype`` (torch's input casting)."""
+    if dtype is None:
+        return obj
+    if isinstance(obj, torch.Tensor):
+        return obj.to(dtype) if torch.is_floating_point(obj) and obj.dtype != dtype else obj
+    if isinstance(obj, tuple):
+        return tuple(cast_inputs(dtype, item) for item in obj)
+    if isinstance(obj, list):
+        return [cast_inputs(dtype, item) for item in obj]
+    if isinstance(obj, dict):
+        return {key: cast_inputs(dtype, item) for key, item in obj.items()}
+    return obj
+
+
+def cast_buffers(root: FullyShardedDataParallel) -> None:
+    """Mixed precision: floating buffers take the buffer dtype of the innermost unit holding
+    them, once, at the root's first forward (as torch does)."""
+    seen: set[int] = set()
+    for unit in reversed(root._all_units):
+        dtype = unit.mixed_precision.buffer_dtype
+        for buffer in unit.buffers():
+            if id(buffer) in seen:
+                continue
+            seen.add(id(buffer))
+            if dtype is not None and torch.is_floating_point(buffer):
+                buffer._fsdp_orig_dtype = buffer.dtype  # type: ignore[attr-defined]
+                buffer.data = buffer.to(dtype=dtype)
+
+
+def root_pre_forward(root: FullyShardedDataParallel) -> None:
+    """The root's extra step: with ``use_orig_params``, ``zero_grad`` on the originals frees
+    the flat gradients before a new forward."""
+    for unit in root._all_units:
+        handle: Optional[FlatHandle] = unit._handle
+        if handle is not None and handle.use_orig_params:
+            handle.reset_flat_grad_if_orig_grads_none()

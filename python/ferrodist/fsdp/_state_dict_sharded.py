@@ -1,0 +1,186 @@
+"""LOCAL and SHARDED state dicts: torch's ``ShardedTensor`` formats of an FSDP tree.
+
+Why apart from FULL: both hand torch's sharded-tensor types to the caller. LOCAL is each unit's
+unpadded flat shard under ``_flat_param`` (same world size, no communication); SHARDED is the FULL
+dict with every parameter cut into dim-0 chunks, what ``torch.distributed.checkpoint`` writes and
+reshards to any world size on load (one all-gather per parameter).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.modules.module import _IncompatibleKeys
+
+from . import _state_dict
+
+if TYPE_CHECKING:
+    from ._flat import FlatHandle
+    from ._wrapper import FullyShardedDataParallel
+
+
+# ----- LOCAL: each rank's flat shards as ShardedTensors -----
+
+
+def _flat_keys(unit: FullyShardedDataParallel, prefix: str) -> dict[str, FlatHandle]:
+    """The prefixed ``_flat_param`` key of every sharded unit under ``unit``."""
+    from ._wrapper import FLAT, WRAPPED, FullyShardedDataParallel
+
+    keys = {}
+    for name, sub in nn.Module.named_modules(unit):
+        if isinstance(sub, FullyShardedDataParallel) and sub._handle is not None:
+            if not sub._handle.sharded:
+                raise RuntimeError(
+                    "``local_state_dict`` can only be used when parameters are flatten and sharded."
+                )
+            if sub._handle.use_orig_params:
+                raise NotImplementedError(
+                    "ferrodist FSDP: LOCAL_STATE_DICT with use_orig_params=True is not "
+                    "implemented yet"
+                )
+            keys[f"{prefix}{name + '.' if name else ''}{WRAPPED}.{FLAT}"] = sub._handle
+    return keys
+
+
+def local_state_dict(unit: FullyShardedDataParallel, *args: Any, **kwargs: Any) -> Any:
+    """torch's LOCAL state dict: buffers, and each unit's unpadded shard as a ShardedTensor."""
+    from torch.distributed._shard.sharded_tensor import Shard, init_from_local_shards
+
+    from ._wrapper import clean_name
+
+    prefix = kwargs.get("prefix", args[1] if len(args) > 1 else "")
+    flats = _flat_keys(unit, prefix)
+    offload = bool(getattr(unit._state_dict_config, "offload_to_cpu", False))
+    with _state_dict.Walking(_state_dict.units_under(unit)):
+        raw = nn.Module.state_dict(unit, *args, **kwargs)
+    out = type(raw)()
+    for key, value in raw.items():
+        handle = flats.get(key)
+        if handle is not None:
+            valid = handle.layout.shard_numel - handle.layout.shard_padding(handle.rank)
+            offset = handle.layout.shard_numel * handle.rank
+            shards = (
+                [Shard.from_tensor_and_offsets(value[:valid].view(valid), [offset], handle.rank)]
+                if valid > 0
+                else []
+            )
+            value = init_from_local_shards(
+                shards, handle.layout.flat_numel, process_group=handle.group
+            )
+            if offload:
+                value = value.cpu()
+        out[clean_name(key)] = value
+    return out
+
+
+def load_local_state_dict(
+    unit: FullyShardedDataParallel, state: Any, strict: bool
+) -> _IncompatibleKeys:
+    from torch.distributed._shard.sharded_tensor import ShardedTensor
+
+    from ._wrapper import clean_name
+
+    flats = _flat_keys(unit, "")
+    names = [n for n, _ in nn.Module.named_parameters(unit)]
+    names += [n for n, _ in nn.Module.named_buffers(unit)]
+    prefixed = {clean_name(n): n for n in names}
+    translated = {}
+    for key, value in state.items():
+        full_key = prefixed.get(key, key)
+        handle = flats.get(full_key)
+        if handle is not None:
+            if not isinstance(value, ShardedTensor):
+                raise AssertionError("Tensors in local_state_dict should be ShardedTensor.")
+            shards = value.local_shards()
+            pad = handle.layout.shard_padding(handle.rank)
+            if pad < handle.layout.shard_numel:
+                tensor = shards[0].tensor
+                value = F.pad(tensor, [0, pad]) if pad > 0 else tensor
+            else:
+                value = handle.flat_param.detach()
+        translated[full_key] = value
+    with _state_dict.Walking(_state_dict.units_under(unit)):
+        result = nn.Module.load_state_dict(unit, translated, strict=False)
+    missing = [clean_name(k) for k in result.missing_keys]
+    unexpected = [clean_name(k) for k in result.unexpected_keys]
+    return _state_dict.check_strict(unit, missing, unexpected, strict)
+
+
+# ----- SHARDED: each original parameter chunked along dim 0 across the shard group -----
+
+
+def _param_handles(unit: FullyShardedDataParallel) -> dict[str, FlatHandle]:
+    """Clean name of every flattened original parameter -> its unit's handle."""
+    from ._wrapper import FullyShardedDataParallel, clean_name
+
+    out = {}
+    for name, sub in nn.Module.named_modules(unit):
+        if isinstance(sub, FullyShardedDataParallel) and sub._handle is not None:
+            handle = sub._handle
+            if not handle.sharded:
+                raise RuntimeError(
+                    "load_sharded_state_dict can only be called when parameters "
+                    "are flattened and sharded."
+                )
+            prefix = clean_name(name)
+            for slot in handle.slots:
+                out[clean_name(f"{prefix}.{slot.fqn}" if prefix else slot.fqn)] = handle
+    return out
+
+
+def sharded_state_dict(unit: FullyShardedDataParallel, *args: Any, **kwargs: Any) -> Any:
+    """torch's SHARDED state dict: the FULL one with every parameter cut into dim-0 chunks,
+    one ``ShardedTensor`` per parameter (what ``torch.distributed.checkpoint`` saves)."""
+    from torch.distributed.fsdp._shard_utils import _create_chunk_sharded_tensor
+
+    handles = _param_handles(unit)
+    config = unit._state_dict_config
+    full = _state_dict.full_state_dict(unit, False, False, *args, **kwargs)
+    prefix = kwargs.get("prefix", args[1] if len(args) > 1 else "")
+    for key, value in list(full.items()):
+        handle = handles.get(key[len(prefix) :])
+        if handle is None:
+            continue
+        device = value.device
+        per_node = torch.cuda.device_count() if device.type == "cuda" else 1
+        chunked = _create_chunk_sharded_tensor(
+            value, handle.rank, handle.world_size, per_node, handle.group, device=device
+        )
+        full[key] = chunked.cpu() if getattr(config, "offload_to_cpu", False) else chunked
+    return full
+
+
+def gather_sharded(unit: FullyShardedDataParallel, state: Any) -> Any:
+    """The FULL state dict a SHARDED one stands for (one all-gather per parameter)."""
+    from torch.distributed._shard.sharded_tensor import ShardedTensor
+
+    from ._collectives import all_gather_flat
+
+    handles = _param_handles(unit)
+    out = type(state)()
+    for key, value in state.items():
+        handle = handles.get(key)
+        if handle is None or not isinstance(value, ShardedTensor):
+            out[key] = value
+            continue
+        size = value.size()
+        numel = size.numel()
+        chunk = -(-size[0] // handle.world_size) * numel // size[0]
+        shards = value.local_shards()
+        if len(shards) > 1:
+            raise AssertionError(
+                f"Expects 0 or 1 shard per rank but got {len(shards)} shards on rank {handle.rank}."
+            )
+        if shards:
+            local = shards[0].tensor.flatten()
+            if chunk > local.numel():
+                local = F.pad(local, [0, chunk - local.numel()])
+        else:
+            local = torch.zeros(chunk, dtype=value.dtype)
+        gathered = local.new_empty(chunk * handle.world_size)
+        all_gather_flat(gathered, local.contiguous(), group=handle.group)
+        out[key] = gathered.narrow(0, 0, numel).reshape(size)
+    return out
