@@ -56,6 +56,8 @@ from ferrodist.prefix_store import PrefixStore
 from ferrodist._rendezvous_api import rendezvous, share_ports_with_torch
 from ferrodist.store import HashStore, Store
 from ferrodist.tcp_store import TCPStore
+# --- etcd store ---
+from ferrodist.etcd_store import EtcdStore
 
 __version__: str = _native.__version__
 
@@ -85,6 +87,8 @@ __all__ = [
     "StoreCollectives",
     "StoreTimeoutError",
     "TCPStore",
+    # --- etcd store ---
+    "EtcdStore",
     "__version__",
     "_register_builtin_comm_hook",
     "_register_comm_hook",
