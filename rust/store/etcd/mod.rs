@@ -135,9 +135,30 @@ impl EtcdStore {
         })
     }
 
+    /// `wait`, running `gap` once between the read that finds a key missing and the watch
+    /// that follows it. For tests: a write landed in that gap must still end the wait.
+    pub fn wait_with_gap(
+        &self,
+        keys: &[String],
+        timeout: Duration,
+        gap: impl std::future::Future<Output = ()>,
+    ) -> Result<()> {
+        self.bounded_wait(self.until_present_with(keys, gap), keys, timeout, "wait")
+    }
+
     /// Waits until every key is present or `timeout` (zero: never) passes.
     fn present(&self, keys: &[String], timeout: Duration, op: &str) -> Result<()> {
-        let waiting = self.until_present(keys);
+        self.bounded_wait(self.until_present(keys), keys, timeout, op)
+    }
+
+    /// Runs `waiting` until it ends or `timeout` (zero: never) passes.
+    fn bounded_wait(
+        &self,
+        waiting: impl std::future::Future<Output = Result<()>>,
+        keys: &[String],
+        timeout: Duration,
+        op: &str,
+    ) -> Result<()> {
         let outcome = runtime().block_on(async {
             if timeout.is_zero() {
                 return Some(waiting.await);
@@ -152,7 +173,9 @@ impl EtcdStore {
 
     /// The keys of `keys` missing now, for a timeout message (all of them if etcd cannot say).
     fn still_missing(&self, keys: &[String]) -> Vec<String> {
-        let check = tokio::time::timeout(Duration::from_secs(1), self.missing_since(keys));
+        let check = async {
+            tokio::time::timeout(Duration::from_secs(1), self.missing_since(keys)).await
+        };
         match runtime().block_on(check) {
             Ok(Ok(missing)) => keys
                 .iter()

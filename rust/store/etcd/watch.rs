@@ -71,6 +71,17 @@ impl EtcdStore {
 
     /// Returns once every key is present; runs until then (the caller bounds it).
     pub(super) async fn until_present(&self, keys: &[String]) -> Result<()> {
+        self.until_present_with(keys, std::future::ready(())).await
+    }
+
+    /// [`EtcdStore::until_present`], awaiting `gap` once between the first read that finds a
+    /// key missing and the watch (tests land a write in exactly that gap).
+    pub(super) async fn until_present_with(
+        &self,
+        keys: &[String],
+        gap: impl std::future::Future<Output = ()>,
+    ) -> Result<()> {
+        let mut gap = Some(gap);
         loop {
             let missing = match self.missing_since(keys).await {
                 Ok(missing) => missing,
@@ -87,6 +98,9 @@ impl EtcdStore {
                 .collect();
             if waiting.is_empty() {
                 return Ok(());
+            }
+            if let Some(gap) = gap.take() {
+                gap.await;
             }
             match self.watch_until_written(&waiting).await {
                 Ok(Ended::Released) => return Ok(()),
