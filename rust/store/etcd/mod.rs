@@ -15,8 +15,9 @@
 //!   with no internal keys): `add` on an empty value counts from 0, `num_keys` counts the user's
 //!   keys, `barrier` is torch's add-and-wait fallback.
 //!
-//! Every call has a deadline: waits their timeout, everything else the store timeout (the
-//! default one when the store timeout is zero), retrying through elections ([`retry`]). The
+//! Every call has a deadline: waits their timeout, everything else the store timeout (but at
+//! least 5 s, enough to ride out an election; 300 s when the store timeout is zero), retrying
+//! through elections ([`retry`]). The
 //! async work runs on the process's one runtime; these methods block the calling thread.
 //! A finished job's keys go with [`EtcdStore::purge`].
 
@@ -60,7 +61,12 @@ impl EtcdStore {
     /// Connects to the cluster named by `options`, within its timeout.
     pub fn connect(options: &EtcdOptions) -> Result<Self> {
         options.validate()?;
-        let deadline = Deadline::after(bounded(options.timeout));
+        let connect_within = if options.timeout.is_zero() {
+            DEFAULT_TIMEOUT
+        } else {
+            options.timeout
+        };
+        let deadline = Deadline::after(connect_within);
         let client = runtime().block_on(options.connect(deadline))?;
         Ok(EtcdStore {
             shared: Arc::new(Shared {
@@ -165,16 +171,21 @@ impl EtcdStore {
             }
             tokio::time::timeout(timeout, waiting).await.ok()
         });
-        match outcome {
-            Some(done) => done,
-            None => Err(Error::wait_timeout(op, timeout, &self.still_missing(keys))),
+        if let Some(done) = outcome {
+            return done;
+        }
+        // A timeout shorter than one etcd round trip (tests use milliseconds) must not fail a
+        // wait whose keys are all there: only a wait that finds a key missing times out.
+        match self.still_missing(keys) {
+            missing if missing.is_empty() => Ok(()),
+            missing => Err(Error::wait_timeout(op, timeout, &missing)),
         }
     }
 
     /// The keys of `keys` missing now, for a timeout message (all of them if etcd cannot say).
     fn still_missing(&self, keys: &[String]) -> Vec<String> {
         let check = async {
-            tokio::time::timeout(Duration::from_secs(1), self.missing_since(keys)).await
+            tokio::time::timeout(SHORTEST_CALL_DEADLINE, self.missing_since(keys)).await
         };
         match runtime().block_on(check) {
             Ok(Ok(missing)) => keys
@@ -212,13 +223,19 @@ impl EtcdStore {
     }
 }
 
-/// A call deadline: the store timeout, or torch's default when that is zero ("no timeout" is
-/// for waits on other ranks, not for a put to a cluster that is gone).
+/// Shortest deadline of a call that does not wait for other ranks: long enough to ride out an
+/// etcd leader election (about a second) and a retry. A store timeout shorter than this (tests
+/// use milliseconds, for waits) must not make a plain `set` fail while the cluster elects.
+const SHORTEST_CALL_DEADLINE: Duration = Duration::from_secs(5);
+
+/// A call's deadline: the store timeout, at least [`SHORTEST_CALL_DEADLINE`], and torch's
+/// default when the timeout is zero ("no timeout" is for waits on other ranks, not for a put to
+/// a cluster that is gone).
 fn bounded(timeout: Duration) -> Duration {
     if timeout.is_zero() {
         DEFAULT_TIMEOUT
     } else {
-        timeout
+        timeout.max(SHORTEST_CALL_DEADLINE)
     }
 }
 
@@ -417,6 +434,11 @@ impl Store for EtcdStore {
             .iter()
             .filter_map(|k| self.layout.user_key(k))
             .collect())
+    }
+
+    /// A write may take [`SHORTEST_CALL_DEADLINE`] even when the store timeout is shorter.
+    fn bounds_writes(&self) -> bool {
+        false
     }
 
     /// Waits run as one call each: a watch costs a round trip to set up, so cutting a long
