@@ -18,7 +18,11 @@ static JOBS: AtomicUsize = AtomicUsize::new(0);
 
 /// A fresh job prefix, so tests sharing the cluster never see each other's keys.
 fn job() -> String {
-    format!("rust-{}-{}", std::process::id(), JOBS.fetch_add(1, Ordering::Relaxed))
+    format!(
+        "rust-{}-{}",
+        std::process::id(),
+        JOBS.fetch_add(1, Ordering::Relaxed)
+    )
 }
 
 fn options(endpoints: Vec<String>, prefix: &str) -> EtcdOptions {
@@ -107,7 +111,10 @@ fn wait_wakes_on_a_write_from_another_client() {
         .unwrap();
     t.join().unwrap();
     let took = started.elapsed();
-    assert!(took >= Duration::from_millis(300) && took < Duration::from_secs(5), "{took:?}");
+    assert!(
+        took >= Duration::from_millis(300) && took < Duration::from_secs(5),
+        "{took:?}"
+    );
 }
 
 #[test]
@@ -138,8 +145,13 @@ fn a_wait_times_out_naming_only_the_missing_keys() {
     assert!(err.is_timeout());
     let text = err.to_string();
     assert!(text.contains("absent") && !text.contains("here"), "{text}");
-    let err = s.get_timeout("absent", Duration::from_millis(100)).unwrap_err();
-    assert!(err.to_string().starts_with("get timeout after 100ms"), "{err}");
+    let err = s
+        .get_timeout("absent", Duration::from_millis(100))
+        .unwrap_err();
+    assert!(
+        err.to_string().starts_with("get timeout after 100ms"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -152,7 +164,10 @@ fn concurrent_adds_each_count_exactly_once() {
                 scope.spawn(move || (0..25).map(|_| s.add("c", 1).unwrap()).collect::<Vec<_>>())
             })
             .collect();
-        handles.into_iter().flat_map(|h| h.join().unwrap()).collect()
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().unwrap())
+            .collect()
     });
     let unique: HashSet<i64> = seen.iter().copied().collect();
     assert_eq!(unique, (1..=200).collect::<HashSet<i64>>());
@@ -180,26 +195,40 @@ fn prefix_store_and_clones_work_on_it_unchanged() {
     assert_eq!(s.get("pg/k").unwrap(), b"v");
     let clone = s.clone_store().unwrap();
     clone.set_timeout(Duration::from_millis(50));
-    assert_eq!(s.timeout(), Duration::from_secs(10), "a clone has its own timeout");
+    assert_eq!(
+        s.timeout(),
+        Duration::from_secs(10),
+        "a clone has its own timeout"
+    );
     assert_eq!(clone.get("pg/k").unwrap(), b"v");
     s.barrier("b", 1, Some(Duration::from_secs(2))).unwrap();
 }
 
 #[test]
 fn an_unreachable_cluster_fails_within_the_timeout() {
-    let dead = format!("127.0.0.1:{}", std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port());
+    let dead = format!(
+        "127.0.0.1:{}",
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port()
+    );
     let mut opts = options(vec![dead], &job());
     opts.timeout = Duration::from_millis(500);
     let started = Instant::now();
     let outcome = EtcdStore::connect(&opts).and_then(|s| s.set("k", b"v"));
     let err = outcome.expect_err("nothing listens there");
-    assert!(matches!(err, Error::NetworkTimeout(_) | Error::Network(_)), "{err:?}");
+    assert!(
+        matches!(err, Error::NetworkTimeout(_) | Error::Network(_)),
+        "{err:?}"
+    );
     // A call's deadline is at least 5 s (an election's worth), whatever the store timeout.
-    assert!(started.elapsed() < Duration::from_secs(8), "{:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_secs(8),
+        "{:?}",
+        started.elapsed()
+    );
     assert!(EtcdStore::connect(&options(Vec::new(), "x")).is_err());
 }
 
@@ -213,11 +242,18 @@ fn a_wait_and_its_writer_outlive_the_leader() {
         EtcdStore::connect(&opts).unwrap(),
     );
     writer.set("before", b"1").unwrap();
-    let t = std::thread::spawn(move || waiter.wait(&keys(&["after"]), Some(Duration::from_secs(20))));
+    let t =
+        std::thread::spawn(move || waiter.wait(&keys(&["after"]), Some(Duration::from_secs(20))));
     std::thread::sleep(Duration::from_millis(300));
     let leader = cluster.leader().expect("a leader");
     cluster.kill(leader);
-    writer.set("after", b"2").expect("a write through the election");
+    writer
+        .set("after", b"2")
+        .expect("a write through the election");
     t.join().unwrap().expect("the wait sees it");
-    assert_eq!(writer.get("before").unwrap(), b"1", "acknowledged before the kill");
+    assert_eq!(
+        writer.get("before").unwrap(),
+        b"1",
+        "acknowledged before the kill"
+    );
 }

@@ -56,6 +56,7 @@ from ferrodist.prefix_store import PrefixStore
 from ferrodist._rendezvous_api import register_etcd_with_torch, rendezvous, share_ports_with_torch
 from ferrodist.store import HashStore, Store
 from ferrodist.tcp_store import TCPStore
+
 # --- etcd store ---
 from ferrodist.etcd_store import EtcdStore
 
@@ -74,6 +75,7 @@ __all__ = [
     "DistError",
     "DistNetworkError",
     "DistStoreError",
+    "EtcdStore",
     "FerrodistError",
     "FileStore",
     "GradBucket",
@@ -89,8 +91,6 @@ __all__ = [
     "StoreCollectives",
     "StoreTimeoutError",
     "TCPStore",
-    # --- etcd store ---
-    "EtcdStore",
     "__version__",
     "_register_builtin_comm_hook",
     "_register_comm_hook",

@@ -1,14 +1,15 @@
 """``ferrodist.rendezvous``: torch's ``torch.distributed.rendezvous`` contract, ferrodist's stores.
 
-``rendezvous(url, rank=-1, world_size=-1, **kwargs)`` returns a generator that yields
-``(store, rank, world_size)`` once and raises ``RuntimeError`` if asked to rendezvous again, as
-torch's does. ``tcp://`` and ``env://`` give a ferrodist ``TCPStore`` (rank 0 hosts the server,
-shared by every multi-tenant master of the process on that port), ``file://`` a ferrodist
-``FileStore``, ``etcd://host:port[,host:port]/JOB`` a ferrodist ``EtcdStore`` (a scheme also
-registered in torch's dispatcher, see ``register_etcd_with_torch``); any other scheme goes to torch's dispatcher and the handlers registered there with
-``register_rendezvous_handler``. Argument errors are torch's: ``RuntimeError`` for a URL, rank or
-world size of the wrong type, ``ValueError`` ("Error initializing torch.distributed using ...")
-for a URL or environment that lacks what the scheme needs.
+``rendezvous(url, rank=-1, world_size=-1, **kwargs)`` returns a generator that yields ``(store,
+rank, world_size)`` once and raises ``RuntimeError`` if asked to rendezvous again, as torch's does.
+``tcp://`` and ``env://`` give a ferrodist ``TCPStore`` (rank 0 hosts the server, shared by every
+multi-tenant master of the process on that port), ``file://`` a ferrodist ``FileStore``,
+``etcd://host:port[,host:port]/JOB`` a ferrodist ``EtcdStore`` (a scheme also registered in torch's
+dispatcher, see ``register_etcd_with_torch``); any other scheme goes to torch's dispatcher and the
+handlers registered there with ``register_rendezvous_handler``. Argument errors are torch's:
+``RuntimeError`` for a URL, rank or world size of the wrong type, ``ValueError`` ("Error
+initializing torch.distributed using ...") for a URL or environment that lacks what the scheme
+needs.
 
 Port sharing with torch: torch shares one multi-tenant store server per port between the process
 group and torch RPC, through a process-wide table ferrodist's servers are not in. So that RPC's

@@ -99,7 +99,9 @@ class EtcdStore(_NativeBackedStore):
         tls_domain: Optional[str] = None,
     ) -> None:
         if not isinstance(prefix, str):
-            raise TypeError(f"EtcdStore(): argument 'prefix' must be str, not {type(prefix).__name__}")
+            raise TypeError(
+                f"EtcdStore(): argument 'prefix' must be str, not {type(prefix).__name__}"
+            )
         if not isinstance(timeout, timedelta):
             raise TypeError(
                 f"EtcdStore(): argument 'timeout' must be timedelta, not {type(timeout).__name__}"

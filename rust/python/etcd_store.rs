@@ -77,7 +77,7 @@ fn etcd_store(
         prefix,
         timeout: timeout.duration()?,
         user: username.map(|name| (name, password.unwrap_or_default())),
-        tls: any_tls.then(|| TlsFiles {
+        tls: any_tls.then_some(TlsFiles {
             ca_file,
             cert_file,
             key_file,

@@ -68,7 +68,8 @@ impl EtcdCluster {
             std::thread::spawn(move || {
                 let cluster = EtcdCluster::start(3);
                 let root = cluster.root.path().to_path_buf();
-                tx.send((cluster.endpoints(), root)).expect("test thread waits");
+                tx.send((cluster.endpoints(), root))
+                    .expect("test thread waits");
                 let _keep = cluster;
                 loop {
                     std::thread::park();
@@ -140,10 +141,25 @@ impl EtcdCluster {
             .args(["--name", &m.name])
             .arg("--data-dir")
             .arg(&data)
-            .args(["--listen-client-urls", &client, "--advertise-client-urls", &client])
-            .args(["--listen-peer-urls", &peer, "--initial-advertise-peer-urls", &peer])
+            .args([
+                "--listen-client-urls",
+                &client,
+                "--advertise-client-urls",
+                &client,
+            ])
+            .args([
+                "--listen-peer-urls",
+                &peer,
+                "--initial-advertise-peer-urls",
+                &peer,
+            ])
             .args(["--initial-cluster", &initial.join(",")])
-            .args(["--initial-cluster-state", "new", "--initial-cluster-token", "ferrodist"])
+            .args([
+                "--initial-cluster-state",
+                "new",
+                "--initial-cluster-token",
+                "ferrodist",
+            ])
             .args(["--heartbeat-interval", "50", "--election-timeout", "500"])
             .args(["--logger", "zap", "--log-level", "error"])
             .stdin(Stdio::null())
@@ -158,9 +174,10 @@ impl EtcdCluster {
     pub fn wait_ready(&self) {
         let deadline = Instant::now() + Duration::from_secs(30);
         while Instant::now() < deadline {
-            let up = self.running().iter().all(|&i| {
-                TcpStream::connect(("127.0.0.1", self.members[i].client_port)).is_ok()
-            });
+            let up = self
+                .running()
+                .iter()
+                .all(|&i| TcpStream::connect(("127.0.0.1", self.members[i].client_port)).is_ok());
             if up && self.leader().is_some() {
                 return;
             }

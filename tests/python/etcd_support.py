@@ -67,7 +67,9 @@ class EtcdCluster:
     """``size`` members; ``endpoints`` is the comma-separated list a client takes."""
 
     size: int = 3
-    root: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="etcd-", dir=_fast_dir())))
+    root: Path = field(
+        default_factory=lambda: Path(tempfile.mkdtemp(prefix="etcd-", dir=_fast_dir()))
+    )
     members: list[Member] = field(default_factory=list)
 
     def __post_init__(self) -> None:

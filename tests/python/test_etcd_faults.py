@@ -9,7 +9,7 @@ import time
 from datetime import timedelta
 
 import pytest
-from etcd_support import EtcdCluster, etcd_cluster
+from etcd_support import etcd_cluster
 
 import ferrodist
 from ferrodist import _rendezvous

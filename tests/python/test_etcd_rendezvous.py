@@ -100,11 +100,15 @@ def _entry_point_dist(root: Path) -> Path:
     """A distribution whose metadata holds pyproject.toml's ``torchrun.handlers`` entry point
     (an installed ferrodist has the same), so torch's registry discovers it as it would."""
     pyproject = (Path(PACKAGE_ROOT).parent / "pyproject.toml").read_text()
-    section = re.search(r'\[project\.entry-points\."torchrun\.handlers"\]\n((?:[^\[\n].*\n)+)', pyproject)
+    section = re.search(
+        r'\[project\.entry-points\."torchrun\.handlers"\]\n((?:[^\[\n].*\n)+)', pyproject
+    )
     assert section is not None, "pyproject.toml declares the torchrun handler"
     info = root / "ferrodist_entry_points-0.dist-info"
     info.mkdir(parents=True)
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: ferrodist-entry-points\nVersion: 0\n")
+    (info / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: ferrodist-entry-points\nVersion: 0\n"
+    )
     lines = [line.replace('"', "") for line in section.group(1).splitlines() if "=" in line]
     (info / "entry_points.txt").write_text("[torchrun.handlers]\n" + "\n".join(lines) + "\n")
     return root

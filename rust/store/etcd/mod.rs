@@ -184,9 +184,8 @@ impl EtcdStore {
 
     /// The keys of `keys` missing now, for a timeout message (all of them if etcd cannot say).
     fn still_missing(&self, keys: &[String]) -> Vec<String> {
-        let check = async {
-            tokio::time::timeout(SHORTEST_CALL_DEADLINE, self.missing_since(keys)).await
-        };
+        let check =
+            async { tokio::time::timeout(SHORTEST_CALL_DEADLINE, self.missing_since(keys)).await };
         match runtime().block_on(check) {
             Ok(Ok(missing)) => keys
                 .iter()
@@ -402,13 +401,15 @@ impl Store for EtcdStore {
         if block {
             return self.queue_pop_timeout(key, self.timeout());
         }
-        self.update("queue_pop", self.layout.queue(key), |current| {
-            match queue::popped(current.unwrap_or_default())? {
+        self.update(
+            "queue_pop",
+            self.layout.queue(key),
+            |current| match queue::popped(current.unwrap_or_default())? {
                 None => Err(Error::QueueEmpty),
                 Some((front, rest)) if rest.is_empty() => Ok(Change::Delete(front)),
                 Some((front, rest)) => Ok(Change::Put(rest, front)),
-            }
-        })
+            },
+        )
     }
 
     fn queue_len(&self, key: &str) -> Result<i64> {

@@ -2,7 +2,7 @@
 //! and the connection built from them.
 //!
 //! The connection is etcd-client's balanced gRPC channel over every endpoint, so a dead member
-//! costs a retry, not the store. HTTP/2 keep-alives find a silently dead member within seconds,
+//! costs a retry, not the store. HTTP/2 keep-alives find a silently dead member within 15 s,
 //! and `require_leader` makes a member cut off from its leader refuse at once (a retry goes
 //! elsewhere) instead of serving a watch that will never fire.
 
@@ -15,8 +15,9 @@ use super::retry::retrying;
 use crate::error::{Error, Result};
 use crate::store::Deadline;
 
-/// Keep-alive ping interval and how long a ping may go unanswered.
-const KEEP_ALIVE: (Duration, Duration) = (Duration::from_secs(2), Duration::from_secs(2));
+/// Keep-alive ping interval and how long a ping may go unanswered. etcd (a gRPC server)
+/// refuses pings closer than 5 s apart by closing the connection (`too_many_pings`).
+const KEEP_ALIVE: (Duration, Duration) = (Duration::from_secs(10), Duration::from_secs(5));
 
 /// Longest time one TCP/TLS connect may take before the next endpoint is tried.
 const CONNECT_LIMIT: Duration = Duration::from_secs(3);
@@ -51,7 +52,10 @@ pub struct EtcdOptions {
 
 fn read_pem(path: &PathBuf, what: &str) -> Result<Vec<u8>> {
     std::fs::read(path).map_err(|err| {
-        Error::InvalidArgument(format!("EtcdStore: cannot read {what} {}: {err}", path.display()))
+        Error::InvalidArgument(format!(
+            "EtcdStore: cannot read {what} {}: {err}",
+            path.display()
+        ))
     })
 }
 

@@ -31,15 +31,18 @@ const LONGEST_PAUSE: Duration = Duration::from_millis(400);
 pub fn is_transient(err: &etcd_client::Error) -> bool {
     use etcd_client::Error as E;
     match err {
-        E::GRpcStatus(status) => matches!(
-            status.code(),
+        E::GRpcStatus(status) => match status.code() {
             Code::Unavailable
-                | Code::DeadlineExceeded
-                | Code::Unknown
-                | Code::Aborted
-                | Code::Internal
-                | Code::Cancelled
-        ),
+            | Code::DeadlineExceeded
+            | Code::Unknown
+            | Code::Aborted
+            | Code::Internal
+            | Code::Cancelled => true,
+            // A connection the server closed (HTTP/2 GOAWAY) comes as "resource exhausted" too;
+            // etcd's own "database space exceeded" does not pass by retrying.
+            Code::ResourceExhausted => status.message().contains("h2 protocol error"),
+            _ => false,
+        },
         E::TransportError(_) | E::IoError(_) | E::WatchError(_) => true,
         _ => false,
     }
@@ -93,9 +96,7 @@ where
             }
             Err(_) => tracing::debug!(what, "etcd attempt timed out, retrying"),
         }
-        let nap = deadline
-            .remaining()
-            .map_or(pause, |left| left.min(pause));
+        let nap = deadline.remaining().map_or(pause, |left| left.min(pause));
         tokio::time::sleep(nap).await;
         pause = (pause * 2).min(LONGEST_PAUSE);
     }

@@ -72,16 +72,9 @@ impl Drop for Slot<'_> {
     }
 }
 
-/// 128 random bits as hex, from the standard library's per-process random hash keys.
+/// 128 random bits as hex.
 fn random_id() -> String {
-    use std::collections::hash_map::RandomState;
-    use std::hash::{BuildHasher, Hasher};
-    let half = |salt: u64| {
-        let mut h = RandomState::new().build_hasher();
-        h.write_u64(salt ^ u64::from(std::process::id()));
-        h.finish()
-    };
-    format!("{:016x}{:016x}", half(1), half(2))
+    format!("{:016x}{:016x}", random_u64(), random_u64())
 }
 
 fn compare_unchanged(key: &[u8], kv: Option<&KeyValue>) -> Compare {
@@ -124,6 +117,7 @@ impl EtcdStore {
                     ]
                 };
                 let mut snapshot = kv.txn(Txn::new().and_then(reads())).await?;
+                let mut conflicts = 0u32;
                 loop {
                     let responses = snapshot.op_responses();
                     let current = first_kv(responses.first());
@@ -153,12 +147,36 @@ impl EtcdStore {
                         return Ok(Ok(result));
                     }
                     // Someone moved the key, or an earlier attempt of ours landed late: the
-                    // failed transaction read both again, so decide again from that snapshot.
+                    // failed transaction read both again, so decide again from that snapshot,
+                    // after a random pause that grows with the conflicts: every attempt costs
+                    // a raft commit, and without it N writers of one counter made O(N²).
+                    conflicts += 1;
+                    tokio::time::sleep(conflict_pause(conflicts)).await;
                 }
             }
         })
         .await
     }
+}
+
+/// Longest pause after a conflict (the pause is uniform in `0..=cap`, the cap doubling from
+/// 1 ms with each conflict of the same call).
+const LONGEST_CONFLICT_PAUSE_MS: u64 = 32;
+
+/// A random pause after the `conflicts`-th lost compare-and-swap of one call.
+fn conflict_pause(conflicts: u32) -> std::time::Duration {
+    let cap = (1u64 << conflicts.min(16)).min(LONGEST_CONFLICT_PAUSE_MS) * 1000;
+    std::time::Duration::from_micros(random_u64() % (cap + 1))
+}
+
+/// A random number, from the standard library's randomly keyed hasher (each `RandomState` has
+/// fresh keys), so no random-number crate is needed for ids and jitter.
+fn random_u64() -> u64 {
+    use std::collections::hash_map::RandomState;
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = RandomState::new().build_hasher();
+    h.write_u32(std::process::id());
+    h.finish()
 }
 
 /// The result recorded in a receipt, if the receipt is operation `op`'s.

@@ -47,7 +47,10 @@ impl EtcdStore {
                 .iter()
                 .flat_map(|k| [self.layout.value(k), self.layout.queue(k)])
                 .map(|etcd_key| {
-                    TxnOp::get(etcd_key, Some(etcd_client::GetOptions::new().with_count_only()))
+                    TxnOp::get(
+                        etcd_key,
+                        Some(etcd_client::GetOptions::new().with_count_only()),
+                    )
                 })
                 .collect();
             let response = kv.txn(Txn::new().and_then(lookups)).await?;
