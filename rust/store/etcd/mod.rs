@@ -4,22 +4,21 @@
 //! the job's store dies with it. An etcd cluster of three or five members survives the loss of
 //! any minority, keeps every acknowledged write, and is often already there (Kubernetes).
 //!
-//! How torch's semantics map onto etcd ([`layout`] has the key names):
+//! How torch's semantics map onto etcd (`layout.rs` has the key names):
 //!
 //! * `set`, `multi_set`: puts (`multi_set` as transactions, so each batch lands at once).
 //! * `add`, `compare_set`, `append`, `delete_key`, queue push and pop: one compare-and-swap
-//!   transaction each, exactly once even across lost replies ([`rmw`]).
+//!   transaction each, exactly once even across lost replies (`rmw.rs`).
 //! * `get`, `wait`, `multi_get`, blocking `queue_pop`: a read, then a watch from that read's
-//!   revision ([`watch`]); no polling and no lost wake-up.
+//!   revision (`watch.rs`); no polling and no lost wake-up.
 //! * Where torch's stores disagree, this one answers as torch's `HashStore` (one shared map
 //!   with no internal keys): `add` on an empty value counts from 0, `num_keys` counts the user's
 //!   keys, `barrier` is torch's add-and-wait fallback.
 //!
 //! Every call has a deadline: waits their timeout, everything else the store timeout (but at
 //! least 5 s, enough to ride out an election; 300 s when the store timeout is zero), retrying
-//! through elections ([`retry`]). The
-//! async work runs on the process's one runtime; these methods block the calling thread.
-//! A finished job's keys go with [`EtcdStore::purge`].
+//! through elections (`retry.rs`). The async work runs on the process's one runtime; these
+//! methods block the calling thread. A finished job's keys go with [`EtcdStore::purge`].
 
 mod layout;
 mod options;
@@ -437,7 +436,7 @@ impl Store for EtcdStore {
             .collect())
     }
 
-    /// A write may take [`SHORTEST_CALL_DEADLINE`] even when the store timeout is shorter.
+    /// A write may take 5 s (an election) even when the store timeout is shorter.
     fn bounds_writes(&self) -> bool {
         false
     }
