@@ -63,10 +63,47 @@ class Member:
 
 
 @dataclass
+class Tls:
+    """PEM files for a cluster that serves clients over TLS and asks for client certificates."""
+
+    ca_file: Path
+    server_cert: Path
+    server_key: Path
+    client_cert: Path
+    client_key: Path
+
+
+def make_tls(directory: Path) -> Tls:
+    """A throwaway CA, a server certificate for 127.0.0.1 and a client certificate (openssl)."""
+    directory.mkdir(parents=True, exist_ok=True)
+
+    def openssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], check=True, capture_output=True, cwd=directory)
+
+    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+            "-keyout", "ca.key", "-out", "ca.pem", "-subj", "/CN=ferrodist-test-ca")  # fmt: skip
+    for name, usage, san in (
+        ("server", "serverAuth", "subjectAltName=IP:127.0.0.1,DNS:localhost\n"),
+        ("client", "clientAuth", ""),
+    ):
+        openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key",
+                "-out", f"{name}.csr", "-subj", f"/CN=ferrodist-test-{name}")  # fmt: skip
+        (directory / f"{name}.ext").write_text(
+            f"{san}extendedKeyUsage={usage}\nbasicConstraints=CA:FALSE\n"
+        )
+        openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
+                "-CAcreateserial", "-days", "2", "-out", f"{name}.pem",
+                "-extfile", f"{name}.ext")  # fmt: skip
+    d = directory
+    return Tls(d / "ca.pem", d / "server.pem", d / "server.key", d / "client.pem", d / "client.key")
+
+
+@dataclass
 class EtcdCluster:
     """``size`` members; ``endpoints`` is the comma-separated list a client takes."""
 
     size: int = 3
+    tls: Optional[Tls] = None
     root: Path = field(
         default_factory=lambda: Path(tempfile.mkdtemp(prefix="etcd-", dir=_fast_dir()))
     )
@@ -92,7 +129,8 @@ class EtcdCluster:
     def start_member(self, i: int) -> None:
         m = self.members[i]
         m.log = self.root / f"{m.name}.log"
-        client = f"http://127.0.0.1:{m.client_port}"
+        scheme = "https" if self.tls else "http"
+        client = f"{scheme}://127.0.0.1:{m.client_port}"
         peer = f"http://127.0.0.1:{m.peer_port}"
         command = [
             etcd_binary(),
@@ -110,6 +148,13 @@ class EtcdCluster:
             "--logger", "zap",
             "--log-level", "error",
         ]  # fmt: skip
+        if self.tls is not None:
+            command += [
+                "--cert-file", str(self.tls.server_cert),
+                "--key-file", str(self.tls.server_key),
+                "--trusted-ca-file", str(self.tls.ca_file),
+                "--client-cert-auth",
+            ]  # fmt: skip
         with open(m.log, "ab") as log:
             m.process = subprocess.Popen(
                 command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
@@ -136,11 +181,17 @@ class EtcdCluster:
         raise RuntimeError(f"etcd cluster not ready in {READY_TIMEOUT_S}s: {self.log_tail(0)}")
 
     def _healthy(self, i: int) -> bool:
+        import ssl
         import urllib.request
 
-        url = f"http://{self.members[i].endpoint}/health"
+        context = None
+        if self.tls is not None:
+            context = ssl.create_default_context(cafile=str(self.tls.ca_file))
+            context.load_cert_chain(str(self.tls.client_cert), str(self.tls.client_key))
+        scheme = "https" if self.tls else "http"
+        url = f"{scheme}://{self.members[i].endpoint}/health"
         try:
-            with urllib.request.urlopen(url, timeout=1) as reply:
+            with urllib.request.urlopen(url, timeout=1, context=context) as reply:
                 return b'"true"' in reply.read()
         except OSError:
             return False
@@ -206,8 +257,8 @@ def _fast_dir() -> Optional[str]:
 
 
 @contextmanager
-def etcd_cluster(size: int = 3) -> Iterator[EtcdCluster]:
-    cluster = EtcdCluster(size)
+def etcd_cluster(size: int = 3, tls: Optional[Tls] = None) -> Iterator[EtcdCluster]:
+    cluster = EtcdCluster(size, tls=tls)
     try:
         yield cluster.start()
     finally:
