@@ -16,12 +16,14 @@ Under CPU contention (2 shared cores) the timing-based estimate above can clip t
 ``--shapes`` measures models with many parameter tensors instead (``N x Linear(w, w)``, two
 tensors per layer), each with DDP's options in turn: the default, ``find_unused_parameters``,
 ``gradient_as_bucket_view`` and torch's ``allreduce_hook`` as a comm hook (each DDP gets its own
-package's hook). Both DDPs take turns step by step on the same processes; the table gives the
+package's hook); ``zero_overlap`` (ZeRO with ``overlap_with_ddp`` stepped from
+``hook_with_zero_step``) and ``optim_overlap`` (``_register_fused_optim``) on request. Both
+DDPs take turns step by step on the same processes; the table gives the
 median step time of each and their ratio (ferrodist / torch).
 
     ./scripts/bench benches/bench_ddp.py [--layers 8] [--width 2560] [--steps 6]
     ./scripts/bench benches/bench_ddp.py --shapes 100x256,500x32,2000x8,5000x8 \
-        [--variants default,find_unused,bucket_view,comm_hook] [--steps 7]
+        [--variants default,find_unused,bucket_view,comm_hook,zero_overlap,optim_overlap]
 """
 
 from __future__ import annotations
@@ -56,7 +58,11 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "find_unused": {"find_unused_parameters": True},
     "bucket_view": {"gradient_as_bucket_view": True},
     "comm_hook": {"comm_hook": True},
+    "zero_overlap": {"overlap": "zero"},
+    "optim_overlap": {"overlap": "optim"},
 }
+#: Measured unless ``--variants`` names others (the overlap ones step inside backward).
+DEFAULT_VARIANTS = ("default", "find_unused", "bucket_view", "comm_hook")
 
 
 def _timed(fn: Callable[[], Any]) -> float:
@@ -130,6 +136,7 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, queue: A
 def _make_ddp(kind: str, model: torch.nn.Module, variant: str) -> torch.nn.Module:
     options = dict(VARIANTS[variant])
     hook = options.pop("comm_hook", False)
+    options.pop("overlap", None)
     if kind == "torch":
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks as hooks
 
@@ -143,22 +150,56 @@ def _make_ddp(kind: str, model: torch.nn.Module, variant: str) -> torch.nn.Modul
     return ddp
 
 
+def _make_step(kind: str, ddp: Any, variant: str) -> Callable[[torch.Tensor], None]:
+    """One training step of ``ddp``: forward, backward, and the optimizer where it runs.
+
+    ``zero_overlap``: ZeroRedundancyOptimizer(overlap_with_ddp=True) stepped from
+    ``hook_with_zero_step`` (torch allows its hook only on NCCL; the guard is lifted for the
+    measurement, as the tests do). ``optim_overlap``: ``_register_fused_optim`` (SGD stepped
+    from the comm hook). Both step inside backward, so there is no ``optimizer.step()``.
+    """
+    overlap = VARIANTS[variant].get("overlap")
+    if overlap == "zero":
+        if kind == "torch":
+            import torch.distributed.algorithms.ddp_comm_hooks.ddp_zero_hook as zero_hooks
+            from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+            from torch.distributed.optim import ZeroRedundancyOptimizer as Zero
+        else:
+            import ferrodist.algorithms.ddp_comm_hooks.ddp_zero_hook as zero_hooks  # type: ignore
+            from ferrodist.algorithms.ddp_comm_hooks.default_hooks import (  # type: ignore
+                allreduce_hook,
+            )
+            from ferrodist.optim import ZeroRedundancyOptimizer as Zero  # type: ignore
+        zero = Zero(ddp.parameters(), torch.optim.SGD, overlap_with_ddp=True, lr=1e-4)
+        real = zero_hooks.dist.get_backend
+        zero_hooks.dist.get_backend = lambda *a, **k: "nccl"
+        try:
+            ddp.register_comm_hook(None, zero_hooks.hook_with_zero_step(allreduce_hook, ddp, zero))
+        finally:
+            zero_hooks.dist.get_backend = real
+        return lambda x: ddp(x).square().mean().backward()
+    if overlap == "optim":
+        ddp._register_fused_optim(torch.optim.SGD, lr=1e-4)
+        return lambda x: ddp(x).square().mean().backward()
+    optim = torch.optim.SGD(ddp.parameters(), lr=1e-4)
+
+    def step(x: torch.Tensor) -> None:
+        ddp(x).square().mean().backward()
+        optim.step()
+        optim.zero_grad()
+
+    return step
+
+
 def _alternate_steps(
-    ddps: dict[str, torch.nn.Module], x: torch.Tensor, args: argparse.Namespace
+    steps: dict[str, Callable[[torch.Tensor], None]], x: torch.Tensor, args: argparse.Namespace
 ) -> dict[str, float]:
     """Median step time of each DDP, the two taking turns (who goes first alternates)."""
-    optims = {k: torch.optim.SGD(m.parameters(), lr=1e-4) for k, m in ddps.items()}
-    times: dict[str, list[float]] = {k: [] for k in ddps}
-
-    def step(kind: str) -> None:
-        ddps[kind](x).square().mean().backward()
-        optims[kind].step()
-        optims[kind].zero_grad()
-
+    times: dict[str, list[float]] = {k: [] for k in steps}
     for round_ in range(args.warmup + args.steps):
         order = ("torch", "ferrodist") if round_ % 2 else ("ferrodist", "torch")
         for kind in order:
-            elapsed = _timed(lambda kind=kind: step(kind))
+            elapsed = _timed(lambda kind=kind: steps[kind](x))
             if round_ >= args.warmup:
                 times[kind].append(elapsed)
     return {k: statistics.median(v) for k, v in times.items()}
@@ -176,8 +217,11 @@ def _shapes_worker(rank: int, world: int, port: int, args: argparse.Namespace, q
         x = torch.randn(args.batch, width)
         tensors = sum(1 for _ in base.parameters())
         for variant in args.variants.split(","):
-            ddps = {k: _make_ddp(k, copy.deepcopy(base), variant) for k in ("torch", "ferrodist")}
-            medians = _alternate_steps(ddps, x, args)
+            steps = {
+                k: _make_step(k, _make_ddp(k, copy.deepcopy(base), variant), variant)
+                for k in ("torch", "ferrodist")
+            }
+            medians = _alternate_steps(steps, x, args)
             rows.append((f"{layers} x Linear({width}, {width})", tensors, variant, medians))
     queue.put((rank, rows))
     dist.destroy_process_group()
@@ -214,7 +258,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--threads", type=int, default=max(1, (os.cpu_count() or 2) // 2))
     parser.add_argument("--shapes", default="", help="many-tensor models, e.g. 100x256,2000x8")
-    parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--variants", default=",".join(DEFAULT_VARIANTS))
     args = parser.parse_args()
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -40,6 +40,10 @@ pub enum Error {
     /// a `TimeoutError`.
     #[error("{0}")]
     NetworkTimeout(String),
+    /// A store server refused this client's credentials (no auth token, or a wrong one).
+    /// Never retried; the message names the store and what to do, never the token.
+    #[error("{0}")]
+    Unauthenticated(String),
     /// An OS-level I/O failure not covered by a more specific variant.
     #[error(transparent)]
     Io(#[from] std::io::Error),

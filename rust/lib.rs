@@ -15,7 +15,8 @@
 //!   format), `PrefixStore`; [`store::etcd`], `EtcdStore` on an etcd cluster (v3 API:
 //!   transactions, watches).
 //! * [`tcp`]: torch's TCPStore wire protocol (codec), the tokio server behind `ferrodist-store`
-//!   and the in-process master, and the client.
+//!   and the in-process master (with optional token auth, a connection cap and Prometheus
+//!   metrics), and the client.
 //! * [`bucket`]: DDP gradient bucket assignment (torch's `_compute_bucket_assignment_by_size`)
 //!   from tensor metadata.
 //! * [`collectives`]: control collectives over any store (torch's `_StoreCollectives`, same
@@ -27,6 +28,8 @@
 //!   report (Python only parses URLs and logs).
 //! * [`readiness`]: DDP's per-gradient bookkeeping: which buckets may launch as gradients
 //!   arrive, arrival order, the local used map.
+//! * [`fsdp`]: FSDP planning from metadata: the flat-parameter layout (padding, equal shards,
+//!   each rank's parameter slices).
 
 pub mod error;
 pub mod runtime;
@@ -43,6 +46,9 @@ pub mod partition;
 
 // --- ddp ---
 pub mod readiness;
+
+// --- fsdp ---
+pub mod fsdp;
 
 #[cfg(feature = "python")]
 pub mod python;

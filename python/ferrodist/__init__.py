@@ -39,6 +39,7 @@ from ferrodist.ddp import (
     _register_comm_hook,
 )
 from ferrodist.errors import (
+    AuthenticationError,
     ConnectionClosedError,
     DistBackendError,
     DistError,
@@ -69,6 +70,7 @@ share_ports_with_torch()
 register_etcd_with_torch()
 
 __all__ = [
+    "AuthenticationError",
     "BuiltinCommHookType",
     "ConnectionClosedError",
     "DistBackendError",

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch.distributed as _tdist
 
 __all__ = [
+    "AuthenticationError",
     "ConnectionClosedError",
     "DistBackendError",
     "DistError",
@@ -65,6 +66,13 @@ class InvalidArgumentError(DistStoreError, ValueError):
     ``RuntimeError``): torch's TCPStore raises that class for its store arguments and torch's
     collectives and bucketing a ``RuntimeError``, so both ``except ValueError`` and torch's
     ``except`` clauses catch it.
+    """
+
+
+class AuthenticationError(DistStoreError):
+    """A store server refused this client: it requires an auth token and the client has none,
+    or a different one (``TCPStore(auth_token=...)``, ``FERRODIST_STORE_TOKEN``). Raised at
+    once, never retried into a timeout; the message names the store, never the token.
     """
 
 

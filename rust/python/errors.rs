@@ -24,6 +24,7 @@ pyo3::import_exception!(ferrodist.errors, StoreTimeoutError);
 pyo3::import_exception!(ferrodist.errors, ConnectionClosedError);
 pyo3::import_exception!(ferrodist.errors, QueueEmptyError);
 pyo3::import_exception!(ferrodist.errors, InvalidArgumentError);
+pyo3::import_exception!(ferrodist.errors, AuthenticationError);
 
 thread_local! {
     /// The Python exception behind the [`Error::Interrupted`] now unwinding on this thread.
@@ -46,6 +47,7 @@ pub fn to_py(err: Error) -> PyErr {
         }
         Error::Network(_) => DistNetworkError::new_err(message),
         Error::NetworkTimeout(_) => NetworkTimeoutError::new_err(message),
+        Error::Unauthenticated(_) => AuthenticationError::new_err(message),
         Error::Io(io) => PyOSError::new_err((io.raw_os_error().unwrap_or(0), io.to_string())),
         Error::InvalidArgument(_) => InvalidArgumentError::new_err(message),
         Error::QueueEmpty => QueueEmptyError::new_err(message),

@@ -22,6 +22,8 @@ mod collectives;
 mod partition;
 // --- ddp ---
 mod readiness;
+// --- fsdp ---
+mod fsdp;
 
 use pyo3::prelude::*;
 
@@ -46,5 +48,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     collectives::register(m)?;
     // --- ddp ---
     readiness::register(m)?;
+    // --- fsdp ---
+    fsdp::register(m)?;
     Ok(())
 }

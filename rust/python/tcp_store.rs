@@ -10,8 +10,11 @@ use std::sync::Arc;
 use pyo3::prelude::*;
 
 use super::blocking::detached;
+use super::errors::to_py;
 use super::store::{PyNativeStore, Timeout};
+use crate::error::Error;
 use crate::store::Store;
+use crate::tcp::auth::AuthToken;
 use crate::tcp::{TcpStore, TcpStoreOptions};
 
 /// A connected TCP store (and its server when it is the master).
@@ -56,6 +59,18 @@ impl PyTcpStoreHandle {
         py.detach(|| self.inner.stop_server());
     }
 
+    /// The hosted server's metrics in Prometheus' text format (what ``GET /metrics``
+    /// serves); ``None`` on a store that does not host the server.
+    fn metrics(&self) -> Option<String> {
+        self.inner.metrics()
+    }
+
+    /// ``host:port`` where the hosted server serves ``GET /metrics``, when it does.
+    #[getter]
+    fn metrics_addr(&self) -> Option<String> {
+        self.inner.metrics_addr().map(|addr| addr.to_string())
+    }
+
     /// A new connection to the same server (torch's ``clone()``).
     fn clone_handle(&self, py: Python<'_>) -> PyResult<Self> {
         let inner = detached(py, || self.inner.connect_clone())?;
@@ -78,9 +93,15 @@ impl PyTcpStoreHandle {
 ///     multi_tenant (bool): share a server with other masters of this process on the port.
 ///     master_listen_fd (int | None): an already bound socket to serve on (duplicated).
 ///     use_libuv (bool): ``False`` refuses queue operations, as torch's legacy backend.
+///     auth_token (str | None): proven to a server that asks; a master's server requires it.
+///         ``None`` takes ``FERRODIST_STORE_TOKEN`` or the file ``FERRODIST_STORE_TOKEN_FILE``
+///         names, when set.
+///     allow_unauthenticated_torch_clients (bool): a master's server with a token still serves
+///         stock torch clients.
+///     metrics_addr (str | None): ``host:port`` where a master's server serves ``/metrics``.
 #[pyfunction]
 #[allow(clippy::too_many_arguments)]
-#[pyo3(signature = (host_name, port, world_size, is_master, timeout, wait_for_workers, multi_tenant, master_listen_fd, use_libuv))]
+#[pyo3(signature = (host_name, port, world_size, is_master, timeout, wait_for_workers, multi_tenant, master_listen_fd, use_libuv, auth_token=None, allow_unauthenticated_torch_clients=false, metrics_addr=None))]
 fn tcp_store(
     py: Python<'_>,
     host_name: String,
@@ -92,7 +113,18 @@ fn tcp_store(
     multi_tenant: bool,
     master_listen_fd: Option<i32>,
     use_libuv: bool,
+    auth_token: Option<String>,
+    allow_unauthenticated_torch_clients: bool,
+    metrics_addr: Option<String>,
 ) -> PyResult<PyTcpStoreHandle> {
+    let auth_token = match auth_token {
+        Some(text) => Some(AuthToken::new(&text).map_err(|_| {
+            to_py(Error::InvalidArgument(
+                "TCPStore(): argument 'auth_token' is empty".into(),
+            ))
+        })?),
+        None => AuthToken::from_env().map_err(to_py)?,
+    };
     let options = TcpStoreOptions {
         host: host_name,
         port,
@@ -103,6 +135,9 @@ fn tcp_store(
         multi_tenant,
         master_listen_fd,
         use_libuv,
+        auth_token,
+        allow_unauthenticated_torch_clients,
+        metrics_addr,
         ..TcpStoreOptions::default()
     };
     let inner = detached(py, || TcpStore::new(options))?;

@@ -397,6 +397,19 @@ impl Db {
     pub fn pending_waits(&self) -> usize {
         self.lock().waits.pending_count()
     }
+
+    /// Bytes of every key, value and queued item (for metrics). Summed on demand, O(keys):
+    /// a scrape every few seconds costs less than a counter kept on every write.
+    pub fn stored_bytes(&self) -> u64 {
+        let state = self.lock();
+        let values: usize = state.values.iter().map(|(k, v)| k.len() + v.len()).sum();
+        let queues: usize = state
+            .queues
+            .iter()
+            .map(|(k, q)| k.len() + q.iter().map(Bytes::len).sum::<usize>())
+            .sum();
+        (values + queues) as u64
+    }
 }
 
 #[cfg(test)]

@@ -10,6 +10,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use clap::Parser;
 
+use super::auth::AuthToken;
 use super::codec::Limits;
 use super::server::{Server, ServerConfig};
 use super::signals::Termination;
@@ -48,6 +49,21 @@ pub struct ServerArgs {
     /// Largest request accepted, in bytes; a larger one closes that connection.
     #[arg(long, default_value_t = Limits::default().max_request_bytes)]
     pub max_request_bytes: u64,
+    /// Serve Prometheus metrics on `GET /metrics` and a health check on `GET /healthz` at this
+    /// `HOST:PORT` (port 0 picks one, printed at start).
+    #[arg(long, value_name = "HOST:PORT")]
+    pub metrics_addr: Option<String>,
+    /// Admit only clients that prove they hold the token in this file (read once at start,
+    /// whitespace trimmed). ferrodist's clients take it from `FERRODIST_STORE_TOKEN`,
+    /// `FERRODIST_STORE_TOKEN_FILE` or `TCPStore(auth_token=...)`.
+    #[arg(long, value_name = "FILE")]
+    pub auth_token_file: Option<std::path::PathBuf>,
+    /// With `--auth-token-file`: still admit stock torch clients, which cannot present a token.
+    #[arg(long, requires = "auth_token_file")]
+    pub allow_unauthenticated_torch_clients: bool,
+    /// Close new connections at once while this many are open (those open are unaffected).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_connections: Option<u64>,
 }
 
 /// How log lines are written.
@@ -86,7 +102,17 @@ pub fn run_until_signal(args: &ServerArgs) -> Result<()> {
     init_logging(&args.log_level, args.log_format);
     let timeout = Duration::try_from_secs_f64(args.timeout)
         .map_err(|_| Error::InvalidArgument(format!("--timeout: bad seconds {}", args.timeout)))?;
+    // Read once, before anything listens: a missing or empty file stops the start.
+    let auth_token = args
+        .auth_token_file
+        .as_deref()
+        .map(AuthToken::from_file)
+        .transpose()?;
     let config = ServerConfig {
+        auth_token,
+        allow_unauthenticated_torch_clients: args.allow_unauthenticated_torch_clients,
+        max_connections: args.max_connections,
+        metrics_addr: args.metrics_addr.clone(),
         host: args.host.clone(),
         port: args.port,
         limits: Limits {
@@ -104,7 +130,13 @@ pub fn run_until_signal(args: &ServerArgs) -> Result<()> {
     let mut stop = Termination::install()?;
     runtime.block_on(async {
         let server = Server::start(&config)?;
-        announce(&server.local_addr().to_string());
+        announce(&format!(
+            "ferrodist-store listening on {}",
+            server.local_addr()
+        ));
+        if let Some(addr) = server.metrics_addr() {
+            announce(&format!("ferrodist-store metrics on http://{addr}/metrics"));
+        }
         if let Some(world_size) = args.world_size {
             tokio::spawn(log_when_joined(server.db().clone(), world_size, timeout));
         }
@@ -115,12 +147,12 @@ pub fn run_until_signal(args: &ServerArgs) -> Result<()> {
     })
 }
 
-/// Prints the address line on stdout for whoever started the server. A closed or broken
+/// Prints an address line on stdout for whoever started the server. A closed or broken
 /// stdout (`ferrodist-store | head -1` after `head` exits, `>&-`) is no reason to stop
 /// serving: the server logs its address too, so this only warns.
-fn announce(addr: &str) {
+fn announce(line: &str) {
     let mut out = std::io::stdout().lock();
-    let printed = writeln!(out, "ferrodist-store listening on {addr}").and_then(|()| out.flush());
+    let printed = writeln!(out, "{line}").and_then(|()| out.flush());
     if let Err(err) = printed {
         tracing::warn!(%err, "could not print the address on stdout; serving anyway");
     }

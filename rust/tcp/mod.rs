@@ -22,6 +22,8 @@
 //! * [`server::shutdown`]: the stop signal and drain used by the server.
 //! * [`server::log_budget`]: at most so many warnings a second from one call site.
 //! * [`server::handshake_deadline`]: closes connections that never send VALIDATE.
+//! * [`auth`]: the store's token and its challenge/response in the handshake.
+//! * [`server::metrics`]: the server's counters and their Prometheus text.
 //! * [`cli`]: `ServerArgs` and `run_until_signal`, the body of the `ferrodist-store` binary.
 //! * [`signals`]: SIGINT/SIGTERM held from `main`'s first instant until the handlers exist.
 //!
@@ -33,8 +35,10 @@
 //! * `client/`: the protocol sequences of one connection, its socket, the handshake for servers
 //!   without PING, and a store's pool of connections.
 //! * `store/`: the Store facade over the client (`ops.rs`: each method; `barrier.rs`).
+//! * `auth.rs`: the token and its proof, shared by client and server.
 //! * `cli.rs`: the `ferrodist-store` command line; `signals.rs`: its SIGINT/SIGTERM.
 
+pub mod auth;
 pub mod cli;
 pub mod client;
 pub mod codec;

@@ -91,3 +91,28 @@ def test_torch_zero_overlap_hook_runs_on_ferrodist_ddp(
     assert moved, "ZeRO must have stepped after its two warm-up iterations"
     for a, b in zip(final["torch"], final["ferrodist"]):
         assert torch.equal(a, b)
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("reduce_dtype", [None, torch.float32])
+def test_cuda_mixed_precision_matches_torch(nccl_world: object, reduce_dtype: object) -> None:
+    from torch.nn.parallel.distributed import _MixedPrecision
+
+    cfg = _MixedPrecision(param_dtype=torch.float16, reduce_dtype=reduce_dtype)
+    base = _model()
+    final = {}
+    for kind, cls in (("torch", TorchDDP), ("ferrodist", FerroDDP)):
+        net = copy.deepcopy(base)
+        ddp = cls(net, device_ids=[0], mixed_precision=cfg)
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+        g = torch.Generator().manual_seed(3)
+        for _ in range(4):
+            ddp(torch.randn(8, 32, generator=g).cuda()).float().square().mean().backward()
+            opt.step()
+            opt.zero_grad()
+        torch.cuda.synchronize()
+        final[kind] = [p.detach().cpu() for p in net.parameters()]
+    for a, b in zip(final["torch"], final["ferrodist"]):
+        assert a.dtype == b.dtype == torch.float32
+        assert torch.equal(a, b)

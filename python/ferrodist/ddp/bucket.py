@@ -67,8 +67,13 @@ class Bucket:
         variable_indices: list[int],
         size_limit: int,
         sparse: bool = False,
+        dtype: Optional[torch.dtype] = None,
     ) -> Bucket:
-        """Allocate the flat buffer for ``params[i] for i in variable_indices``."""
+        """Allocate the flat buffer for ``params[i] for i in variable_indices``.
+
+        ``dtype`` overrides the parameters' dtype (mixed precision: gradients arrive in the
+        low-precision compute dtype).
+        """
         members = [params[i] for i in variable_indices]
         if sparse:
             return cls._build_sparse(members, variable_indices, size_limit)
@@ -85,7 +90,7 @@ class Bucket:
             lengths.append(p.numel())
             sizes.append(p.shape)
             total += p.numel()
-        buffer = torch.zeros(total, dtype=members[0].dtype, device=members[0].device)
+        buffer = torch.zeros(total, dtype=dtype or members[0].dtype, device=members[0].device)
         bucket = cls(variable_indices, size_limit, buffer, offsets, lengths, sizes, [])
         bucket.parameters = members
         bucket.views_in = bucket.views_of(buffer)
@@ -124,8 +129,16 @@ class Bucket:
 
     def grad_bucket(self, index: int, bucket_count: int, buffer: torch.Tensor) -> GradBucket:
         """The hook's view of this bucket, over ``buffer``."""
+        views = self.views_in if buffer is self.buffer and not self.sparse else None
         return GradBucket(
-            index, bucket_count, buffer, self.offsets, self.lengths, self.sizes, self.parameters
+            index,
+            bucket_count,
+            buffer,
+            self.offsets,
+            self.lengths,
+            self.sizes,
+            self.parameters,
+            views,
         )
 
     # ---- into the bucket --------------------------------------------------------------------
@@ -224,12 +237,16 @@ class Bucket:
             if result is not buffer:
                 buffer.copy_(result)
             return
-        if result is not buffer and (
+        views = self.views_in
+        if result.dtype != buffer.dtype and not as_bucket_view:
+            # a hook that reduced in another dtype (mixed precision's reduce_dtype): copy
+            # straight from its result, as torch does, without rounding through the bucket
+            views = self.views_of(result.reshape(-1))
+        elif result is not buffer and (
             result.data_ptr() != buffer.data_ptr() or result.dtype != buffer.dtype
         ):
             buffer.copy_(result.reshape(-1))
         grads: list[Optional[torch.Tensor]] = list(map(_grad_of, self.parameters))
-        views = self.views_in
         if as_bucket_view:
             if all(map(operator.is_, grads, views)):
                 return

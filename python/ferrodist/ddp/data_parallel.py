@@ -24,6 +24,11 @@ from ferrodist.ddp import module_sync
 from ferrodist.ddp.delayed import DelayedAllReduce
 from ferrodist.ddp.join import DDPJoinSupport
 from ferrodist.ddp.logger import Logger
+from ferrodist.ddp.mixed_precision import (
+    MixedPrecisionCasts,
+    _reducer_allreduce_and_upcast_hook,
+)
+from ferrodist.ddp.mixed_precision import check_config as check_mixed_precision
 from ferrodist.ddp.reducer import Reducer
 from ferrodist.ddp.registration import _register_builtin_comm_hook, _register_comm_hook
 from ferrodist.ddp.sink import pass_through_sink
@@ -63,12 +68,12 @@ class DistributedDataParallel(DDPJoinSupport, torch.nn.Module, Joinable):
                 "delay_all_reduce_named_params and param_to_hook_all_reduce "
                 "need to be set at the same time."
             )
-        for name, value in (
-            ("mixed_precision", mixed_precision),
-            ("skip_all_reduce_unused_params", skip_all_reduce_unused_params or None),
-        ):
-            if value is not None:
-                raise NotImplementedError(f"ferrodist DDP does not support {name} yet.")
+        if skip_all_reduce_unused_params:
+            raise NotImplementedError(
+                "ferrodist DDP does not support skip_all_reduce_unused_params yet."
+            )
+        if mixed_precision is not None:
+            check_mixed_precision(mixed_precision)
         if process_group is not None and device_mesh is not None:
             raise RuntimeError("Cannot specify both process_group and device_mesh arguments.")
         if device_mesh is not None:
@@ -137,7 +142,8 @@ class DistributedDataParallel(DDPJoinSupport, torch.nn.Module, Joinable):
         self.gradient_as_bucket_view = gradient_as_bucket_view
         self.skip_all_reduce_unused_params = skip_all_reduce_unused_params
         self.batched_grad_copy = batched_grad_copy
-        self.mixed_precision = None
+        self.mixed_precision = mixed_precision
+        self._mixed_precision: Optional[MixedPrecisionCasts] = None
         if check_reduction:
             warnings.warn(
                 "The `check_reduction` argument in `DistributedDataParallel` module is "
@@ -181,6 +187,8 @@ class DistributedDataParallel(DDPJoinSupport, torch.nn.Module, Joinable):
         self._has_rebuilt_buckets = False
         self._static_graph_delay_allreduce_enqueued = False
         self._divide_by_initial_world_size = True
+        if mixed_precision is not None:
+            self._setup_mixed_precision(mixed_precision)
         if static_graph:
             self._set_static_graph()
 
@@ -209,6 +217,19 @@ class DistributedDataParallel(DDPJoinSupport, torch.nn.Module, Joinable):
         if with_buffers:
             named += list(self.module.named_buffers())
         return [t.detach() for n, t in named if n not in self.parameters_to_ignore]
+
+    def _setup_mixed_precision(self, config: Any) -> None:
+        named = [
+            (n, p) for n, p in self.module.named_parameters() if n not in self.parameters_to_ignore
+        ]
+        casts = MixedPrecisionCasts(config, named)
+        casts.cast_buffers(self.modules_buffers)
+        self.module.register_forward_pre_hook(casts.forward_pre_hook, with_kwargs=True)
+        self.register_comm_hook((casts, self.process_group), _reducer_allreduce_and_upcast_hook)
+        if casts.param_dtype is not None:
+            self.reducer._set_mixed_precision_param_dtype(casts.param_dtype)
+        self.reducer._set_mixed_precision(casts)
+        self._mixed_precision = casts
 
     def _assign_modules_buffers(self) -> None:
         self.modules_buffers = [
@@ -266,6 +287,8 @@ class DistributedDataParallel(DDPJoinSupport, torch.nn.Module, Joinable):
         inputs, kwargs = self._pre_forward(*inputs, **kwargs)
         output = self._post_forward(self.module(*inputs, **kwargs))
         self._clear_grad_buffer()
+        if self._mixed_precision is not None and not torch.is_grad_enabled():
+            self._mixed_precision.to_full_precision()  # no backward will put them back
         return output
 
     def _clear_grad_buffer(self) -> None:
@@ -288,6 +311,8 @@ class DistributedDataParallel(DDPJoinSupport, torch.nn.Module, Joinable):
         if self.device_ids:
             target = torch.device(self.device_type, self.device_ids[0])
             inputs, kwargs = _move_to(inputs, target), _move_to(kwargs, target)
+        if self._mixed_precision is not None:
+            inputs, kwargs = self._mixed_precision.cast_inputs(inputs, kwargs)
         return inputs, kwargs
 
     def _post_forward(self, output: Any) -> Any:

@@ -8,7 +8,7 @@ the parameters' ``.grad``. Method names and meanings are torch's ``dist.GradBuck
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Optional, Sequence
 
 import torch
 
@@ -25,6 +25,7 @@ class GradBucket:
         lengths: Sequence[int],
         sizes: Sequence[torch.Size],
         parameters: Sequence[torch.Tensor],
+        views: Optional[Sequence[torch.Tensor]] = None,
     ) -> None:
         self._index = index
         self._bucket_count = bucket_count
@@ -33,6 +34,8 @@ class GradBucket:
         self._lengths = list(lengths)
         self._sizes = list(sizes)
         self._parameters = list(parameters)
+        # Views of ``buffer`` made once by the Reducer; valid until ``set_buffer``.
+        self._views = None if views is None else list(views)
 
     def index(self) -> int:
         """Position in reduction order; bucket 0 is reduced first (the last layers)."""
@@ -47,6 +50,8 @@ class GradBucket:
         gradient's bucket: the sparse gradient itself)."""
         if self._buffer.layout == torch.sparse_coo:
             return [self._buffer]
+        if self._views is not None:
+            return list(self._views)
         return [
             self._buffer.narrow(0, off, n).view(size)
             for off, n, size in zip(self._offsets, self._lengths, self._sizes)
@@ -63,6 +68,7 @@ class GradBucket:
     def set_buffer(self, buffer: torch.Tensor) -> None:
         """Replace the buffer (compression wrappers hand a low-precision copy on)."""
         self._buffer = buffer
+        self._views = None
 
     def __repr__(self) -> str:
         return f"GradBucket(index={self._index}, numel={self._buffer.numel()})"

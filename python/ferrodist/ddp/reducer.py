@@ -90,6 +90,8 @@ class Reducer(ReducerJoinSupport):
         self._num_buckets_reduced = 0
         self.times = RuntimeTimes()
         self.logger: Any = None
+        self._bucket_dtype: Optional[torch.dtype] = None
+        self._mixed_precision: Any = None
         self._readiness = _native.Readiness(len(self._params), [list(b) for b in bucket_indices])
         self._initialize_buckets(bucket_indices, per_bucket_size_limits)
         self._set_mode(armed=False)
@@ -106,7 +108,11 @@ class Reducer(ReducerJoinSupport):
         self._readiness.set_buckets([list(b) for b in bucket_indices])
         self._buckets = [
             Bucket.build(
-                self._params, list(idx), int(lim), any(self._expect_sparse[i] for i in idx)
+                self._params,
+                list(idx),
+                int(lim),
+                any(self._expect_sparse[i] for i in idx),
+                self._bucket_dtype,
             )
             for idx, lim in zip(bucket_indices, limits)
         ]
@@ -322,6 +328,8 @@ class Reducer(ReducerJoinSupport):
     def _finalize_backward(self) -> None:
         self._readiness.reset()
         unused = self._globally_unused()
+        if self._mixed_precision is not None:
+            self._mixed_precision.to_full_precision()
         with torch.no_grad():
             for bucket in self._buckets:
                 assert bucket.future is not None
@@ -365,6 +373,17 @@ class Reducer(ReducerJoinSupport):
             raise RuntimeError(message)
         self._comm_hook = hook
         self._comm_hook_kind = kind
+
+    def _set_mixed_precision_param_dtype(self, dtype: torch.dtype) -> None:
+        """Hold gradients in ``dtype`` (mixed precision's compute dtype); rebuilds the buckets."""
+        self._bucket_dtype = dtype
+        self._initialize_buckets(
+            [b.variable_indices for b in self._buckets], [b.size_limit for b in self._buckets]
+        )
+
+    def _set_mixed_precision(self, casts: Any) -> None:
+        """Put parameters back to full precision (``casts``) before results reach ``.grad``."""
+        self._mixed_precision = casts
 
     def _set_static_graph(self) -> None:
         """Declare the graph static; must come before the first iteration."""

@@ -17,6 +17,7 @@ use std::sync::Mutex;
 use super::Client;
 use crate::error::Result;
 use crate::store::Deadline;
+use crate::tcp::auth::AuthToken;
 
 /// Idle connections kept open beyond the one in use; more are closed when given back.
 const MAX_IDLE: usize = 4;
@@ -25,6 +26,8 @@ const MAX_IDLE: usize = 4;
 pub struct ConnPool {
     host: String,
     port: u16,
+    /// Proven to a server that asks for it.
+    token: Option<AuthToken>,
     idle: Mutex<Idle>,
 }
 
@@ -35,11 +38,13 @@ struct Idle {
 }
 
 impl ConnPool {
-    /// A pool for `host:port`, starting with `first` (already connected) when given.
-    pub fn new(host: &str, port: u16, first: Option<Client>) -> ConnPool {
+    /// A pool for `host:port`, starting with `first` (already connected) when given; new
+    /// connections prove `token` to a server that asks for it.
+    pub fn new(host: &str, port: u16, token: Option<AuthToken>, first: Option<Client>) -> ConnPool {
         ConnPool {
             host: host.to_owned(),
             port,
+            token,
             idle: Mutex::new(Idle {
                 pid: std::process::id(),
                 clients: first.into_iter().collect(),
@@ -70,7 +75,12 @@ impl ConnPool {
                 }
             }
         }
-        Client::connect_once(&self.host, self.port, deadline)
+        Client::connect_once_with_token(&self.host, self.port, deadline, self.token.as_ref())
+    }
+
+    /// The token new connections prove.
+    pub fn token(&self) -> Option<&AuthToken> {
+        self.token.as_ref()
     }
 
     /// Gives a connection back after a call; a broken one, or one beyond `MAX_IDLE`, is closed.

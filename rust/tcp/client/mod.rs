@@ -10,7 +10,10 @@
 //! * **Handshake**: torch's VALIDATE and PING, in one write and one round trip, and nothing
 //!   more, so any server that answers torch's client answers this one. The PING carries
 //!   [`FERRODIST_PING`] rather than the pid: ferrodist's server answers [`FERRODIST_PONG`], any
-//!   other server echoes the nonce, and either answer is accepted.
+//!   other server echoes the nonce, and either answer is accepted. A ferrodist server that
+//!   requires a token answers with a challenge instead, which the client answers with a proof
+//!   that it holds the token ([`crate::tcp::auth`]); without a token, or with a wrong one, the
+//!   connect fails at once with [`Error::Unauthenticated`] (never retried into a timeout).
 //! * **Waits** follow torch's CANCEL_WAIT exchange, with two refinements. Against ferrodist's
 //!   server, a GET or MULTI_GET is sent in the same write as its WAIT (the server holds it until
 //!   the wait is released), so `get` costs one round trip instead of two. And a wait that times
@@ -41,6 +44,9 @@ use bytes::{Bytes, BytesMut};
 use self::socket::{ClientSocket, Filled};
 use crate::error::{Error, Result};
 use crate::store::Deadline;
+use crate::tcp::auth::{
+    AuthToken, ADMITTED, CHALLENGE_LEN, FERRODIST_PONG_AUTH, REFUSED, TOKEN_ENV, TOKEN_FILE_ENV,
+};
 use crate::tcp::codec::{
     decode_reply, scan_request, Limits, Reply, ReplyKind, Request, FERRODIST_PING, FERRODIST_PONG,
     NOT_READY, READY, STOP_WAITING, VALIDATE_MAGIC, WAIT_CANCELED,
@@ -150,14 +156,26 @@ impl Client {
     /// server that starts late in the window is still found; the error says how long the
     /// attempts really went on and how many there were.
     pub fn connect(host: &str, port: u16, timeout: Duration) -> Result<Client> {
+        Client::connect_with_token(host, port, timeout, None)
+    }
+
+    /// [`Client::connect`], proving `token` to a server that asks for one.
+    pub fn connect_with_token(
+        host: &str,
+        port: u16,
+        timeout: Duration,
+        token: Option<&AuthToken>,
+    ) -> Result<Client> {
         let started = Instant::now();
         let deadline = Deadline::after(timeout);
         let mut interval = BACKOFF_START;
         let mut attempts = 0u32;
         loop {
             attempts += 1;
-            let last = match Client::connect_once(host, port, deadline) {
+            let last = match Client::connect_once_with_token(host, port, deadline, token) {
                 Ok(client) => return Ok(client),
+                // The server answered, and said no: trying again cannot change its mind.
+                Err(err @ Error::Unauthenticated(_)) => return Err(err),
                 Err(err) => err,
             };
             let delay = interval.mul_f64(jitter());
@@ -184,6 +202,16 @@ impl Client {
 
     /// One attempt: resolve, connect to each address in turn, handshake. No retry.
     pub fn connect_once(host: &str, port: u16, deadline: Deadline) -> Result<Client> {
+        Client::connect_once_with_token(host, port, deadline, None)
+    }
+
+    /// [`Client::connect_once`], proving `token` to a server that asks for one.
+    pub fn connect_once_with_token(
+        host: &str,
+        port: u16,
+        deadline: Deadline,
+        token: Option<&AuthToken>,
+    ) -> Result<Client> {
         let mut last = Error::Network(format!("{host} resolved to no address"));
         for addr in resolve(host, port, deadline)? {
             let io = |e: std::io::Error| Error::Network(format!("connecting to {addr}: {e}"));
@@ -199,7 +227,9 @@ impl Client {
             let attempt = stream
                 .and_then(|s| ClientSocket::new(s, deadline.timeout()))
                 .map_err(io)
-                .and_then(|socket| Client::handshake(socket, format!("{host}:{port}"), deadline))
+                .and_then(|socket| {
+                    Client::handshake(socket, format!("{host}:{port}"), deadline, token)
+                })
                 // A torch 2.4 server closes the connection on PING: once more without it.
                 .or_else(|e| no_ping::without_ping(e, addr, format!("{host}:{port}"), deadline));
             match attempt {
@@ -225,7 +255,12 @@ impl Client {
         }
     }
 
-    fn handshake(socket: ClientSocket, peer: String, deadline: Deadline) -> Result<Client> {
+    fn handshake(
+        socket: ClientSocket,
+        peer: String,
+        deadline: Deadline,
+        token: Option<&AuthToken>,
+    ) -> Result<Client> {
         let mut client = Client::unshaken(socket, peer, deadline);
         Request::Validate {
             magic: VALIDATE_MAGIC,
@@ -239,6 +274,10 @@ impl Client {
         client.ferrodist_server = match client.read_reply(ReplyKind::Nonce)? {
             Reply::Nonce(FERRODIST_PONG) => true,
             Reply::Nonce(FERRODIST_PING) => false,
+            Reply::Nonce(FERRODIST_PONG_AUTH) => {
+                client.authenticate(token)?;
+                true
+            }
             other => {
                 return Err(Error::Network(format!(
                     "Ping failed, invalid value returned from server. Expected: \
@@ -247,6 +286,47 @@ impl Client {
             }
         };
         Ok(client)
+    }
+
+    /// Answers the server's challenge with the proof that this client holds `token`.
+    fn authenticate(&mut self, token: Option<&AuthToken>) -> Result<()> {
+        let challenge = self.read_raw(CHALLENGE_LEN)?;
+        let Some(token) = token else {
+            return Err(Error::Unauthenticated(format!(
+                "the store at {} requires an auth token and this client has none: pass \
+                 auth_token= to TCPStore, or set {TOKEN_ENV} (or {TOKEN_FILE_ENV})",
+                self.peer
+            )));
+        };
+        self.output.extend_from_slice(&token.prove(&challenge));
+        self.flush()?;
+        match self.read_raw(1).map(|answer| answer[0]) {
+            Ok(ADMITTED) => Ok(()),
+            Ok(REFUSED) | Err(Error::ConnectionClosed { .. }) => {
+                Err(Error::Unauthenticated(format!(
+                    "authentication failed: the store at {} refused this client's auth token \
+                     (the server holds a different one)",
+                    self.peer
+                )))
+            }
+            Ok(other) => Err(Error::Protocol(format!(
+                "unexpected answer {other} to the auth proof"
+            ))),
+            Err(err) => Err(err),
+        }
+    }
+
+    /// Reads `n` raw bytes (the auth exchange, which is outside torch's reply framing).
+    fn read_raw(&mut self, n: usize) -> Result<BytesMut> {
+        while self.input.len() < n {
+            match self.socket.fill(&mut self.input, self.deadline.at()) {
+                Ok(Filled::Data) => self.peer_checked = Instant::now(),
+                Ok(Filled::Eof) => return Err(closed(&self.peer, CLOSED_BY_SERVER)),
+                Ok(Filled::TimedOut) => return Err(self.passed_deadline()),
+                Err(e) => return Err(closed(&self.peer, format!("recv failed: {e}"))),
+            }
+        }
+        Ok(self.input.split_to(n))
     }
 
     /// `host:port` this client talks to.

@@ -15,29 +15,36 @@
 //! held behind it (they depended on that wait) and is answered with WAIT_CANCELED.
 //!
 //! Memory per connection is bounded: the read buffer grows only as far as the frame being read
-//! needs, a frame whose declared lengths break [`Limits`] closes the connection at once (before
+//! needs, a frame whose declared lengths break [`Limits`](crate::tcp::codec::Limits) closes the connection at once (before
 //! its body is buffered), and the requests held behind a wait are capped in count and bytes.
 //! Any protocol breach closes this connection only; the server and other clients carry on.
 
 use std::collections::VecDeque;
 use std::future::{poll_fn, Future};
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{ready, Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
 use tokio::io::{AsyncRead, ReadBuf};
 use tokio::net::TcpStream;
 
+use self::admission::{Stage, Step};
 use super::handshake_deadline::{self, Slot};
 use super::log_budget::LogBudget;
+use super::metrics::Refusal;
 use super::outbox::Outbox;
 use super::shutdown::Shutdown;
+use super::Shared;
 use crate::store::db::{Db, Waiter};
+use crate::tcp::auth::PROOF_LEN;
 use crate::tcp::codec::{
-    decode_request, scan_request, FrameError, Limits, Reply, Request, Scan, FERRODIST_PING,
-    FERRODIST_PONG, STOP_WAITING, VALIDATE_MAGIC, WAIT_CANCELED,
+    decode_request, scan_request, FrameError, Reply, Request, Scan, FERRODIST_PING, FERRODIST_PONG,
+    STOP_WAITING, WAIT_CANCELED,
 };
+
+mod admission;
 
 /// Most requests a client may queue behind one pending WAIT.
 const MAX_HELD_REQUESTS: usize = 1024;
@@ -50,13 +57,13 @@ const MIN_READ: usize = 256;
 /// Replies are written once this much is queued, even if more requests are buffered.
 const FLUSH_AT_BYTES: usize = 64 * 1024;
 
-/// `Handler::handshake` once VALIDATE has come.
-const VALIDATED: Slot = Slot::MAX;
-/// `Handler::handshake` before VALIDATE when the connection has no deadline.
-const UNWATCHED: Slot = Slot::MAX - 1;
+/// `Handler::handshake` when the connection has no handshake deadline (any more).
+const UNWATCHED: Slot = Slot::MAX;
 
 /// Protocol breaches are logged at most this often (a client may commit them at any rate).
 static CLOSING_LOG: LogBudget = LogBudget::new(10);
+/// Refused authentications are logged at most this often.
+static AUTH_LOG: LogBudget = LogBudget::new(10);
 
 /// Why a connection ended.
 #[derive(Debug, thiserror::Error)]
@@ -70,6 +77,9 @@ pub enum Closed {
     /// The peer skipped or botched the handshake, or sent a request the server refuses.
     #[error("{0}")]
     Refused(String),
+    /// The peer did not prove it holds the server's token (see [`crate::tcp::auth`]).
+    #[error("{1}")]
+    Unauthenticated(Refusal, &'static str),
 }
 
 /// What woke a connection up.
@@ -90,29 +100,37 @@ enum Event {
 pub struct Handler {
     stream: TcpStream,
     db: Db,
-    limits: Limits,
+    /// The server's limits, access rules and metrics.
+    shared: Arc<Shared>,
     input: BytesMut,
     output: Outbox,
-    /// Before VALIDATE: the handshake-deadline slot (or [`UNWATCHED`]); after: [`VALIDATED`].
+    /// Until the handshake is over: the handshake-deadline slot (or [`UNWATCHED`]).
     handshake: Slot,
+    /// How far the handshake has come.
+    stage: Stage,
     /// The peer is ferrodist's client: hold every request behind a pending wait.
     holds_behind_wait: bool,
+    /// The challenge sent to a client that must prove it holds the token, until it answers.
+    challenge: Option<Box<[u8; crate::tcp::auth::CHALLENGE_LEN]>>,
     waiting: Option<Waiter>,
     held: VecDeque<Request>,
     held_bytes: usize,
 }
 
 impl Handler {
-    /// A handler for an accepted stream.
-    pub fn new(stream: TcpStream, db: Db, limits: Limits) -> Handler {
+    /// A handler for an accepted stream, counted as an open connection until it is dropped.
+    pub fn new(stream: TcpStream, db: Db, shared: Arc<Shared>) -> Handler {
+        shared.metrics.connection_opened();
         Handler {
             stream,
             db,
-            limits,
+            shared,
             input: BytesMut::new(),
             output: Outbox::default(),
             handshake: UNWATCHED,
+            stage: Stage::Connected,
             holds_behind_wait: false,
+            challenge: None,
             waiting: None,
             held: VecDeque::new(),
             held_bytes: 0,
@@ -141,6 +159,11 @@ impl Handler {
     }
 
     fn log_end(&self, outcome: Result<(), Closed>) {
+        match &outcome {
+            Err(Closed::Frame(_) | Closed::Refused(_)) => self.shared.metrics.frame_rejected(),
+            Err(Closed::Unauthenticated(why, _)) => self.shared.metrics.refused(*why),
+            _ => {}
+        }
         let quiet = matches!(outcome, Ok(()) | Err(Closed::Io(_)));
         if quiet && !tracing::enabled!(tracing::Level::DEBUG) {
             return; // spares a getpeername per connection when nobody reads the line
@@ -152,6 +175,11 @@ impl Handler {
         match outcome {
             Ok(()) => tracing::debug!(%peer, "connection closed"),
             Err(Closed::Io(err)) => tracing::debug!(%peer, %err, "connection lost"),
+            Err(err @ Closed::Unauthenticated(..)) => {
+                if let Some(suppressed) = AUTH_LOG.admit() {
+                    tracing::warn!(%peer, %err, suppressed, "refused connection");
+                }
+            }
             Err(err) => {
                 if let Some(suppressed) = CLOSING_LOG.admit() {
                     tracing::warn!(%peer, %err, suppressed, "closing connection");
@@ -170,6 +198,10 @@ impl Handler {
             if shutdown.poll_recv(cx).is_ready() {
                 return Poll::Ready(Ok(()));
             }
+            if self.stage == Stage::Refused && self.output.is_empty() {
+                // The refusal byte is out: now the client can tell why it is being closed.
+                return Poll::Ready(Err(admission::WRONG_TOKEN));
+            }
             self.process_buffered()?;
             if !self.output.is_empty() {
                 ready!(self.output.poll_write_to(&mut self.stream, cx))?;
@@ -180,12 +212,16 @@ impl Handler {
                 // Thousands of ranks sit idle or waiting between requests: hold no buffer then.
                 self.input = BytesMut::new();
             }
-            let need = match scan_request(&self.input, &self.limits)? {
-                Scan::Incomplete(need) => need,
-                Scan::Complete(_) => self.input.len() + 1,
+            let need = if self.stage == Stage::Challenged {
+                PROOF_LEN // raw bytes, not a request
+            } else {
+                match scan_request(&self.input, &self.shared.limits)? {
+                    Scan::Incomplete(need) => need,
+                    Scan::Complete(_) => self.input.len() + 1,
+                }
             };
             match ready!(self.poll_event(cx, need))? {
-                Event::Read(0) => return Poll::Ready(Ok(())),
+                Event::Read(0) => return Poll::Ready(self.left_during_handshake()),
                 Event::Read(_) => {}
                 Event::Released => {
                     self.waiting = None;
@@ -221,6 +257,9 @@ impl Handler {
 
     /// Handles every complete request in the buffer (and those held behind a released wait).
     fn process_buffered(&mut self) -> Result<(), Closed> {
+        // One clock read per request: each request's time runs from the end of the previous
+        // one (or the start of the batch), so it covers decoding it too.
+        let mut mark = Instant::now();
         loop {
             if self.output.len() >= FLUSH_AT_BYTES {
                 return Ok(());
@@ -228,32 +267,21 @@ impl Handler {
             if self.waiting.is_none() {
                 if let Some(request) = self.held.pop_front() {
                     self.held_bytes -= request_bytes(&request);
-                    self.apply(request)?;
+                    self.apply(request, &mut mark)?;
                     continue;
                 }
             }
-            let Some(request) = decode_request(&mut self.input, &self.limits)? else {
-                return Ok(());
+            let request = match self.stage {
+                Stage::Admitted => match decode_request(&mut self.input, &self.shared.limits)? {
+                    Some(request) => request,
+                    None => return Ok(()),
+                },
+                _ => match self.handshake_step()? {
+                    Step::Serve(request) => request,
+                    Step::Next => continue,
+                    Step::Stop => return Ok(()),
+                },
             };
-            if self.handshake != VALIDATED {
-                match request {
-                    Request::Validate {
-                        magic: VALIDATE_MAGIC,
-                    } => {
-                        if self.handshake != UNWATCHED {
-                            handshake_deadline::release(self.handshake);
-                        }
-                        self.handshake = VALIDATED;
-                    }
-                    other => {
-                        return Err(Closed::Refused(format!(
-                            "first request must be VALIDATE with the right magic, got {:?}",
-                            other.opcode()
-                        )))
-                    }
-                }
-                continue;
-            }
             match request {
                 Request::CancelWait => {
                     self.waiting = None;
@@ -265,12 +293,12 @@ impl Handler {
                     self.held_bytes += request_bytes(&request);
                     self.held.push_back(request);
                     if self.held.len() > MAX_HELD_REQUESTS
-                        || self.held_bytes as u64 > self.limits.max_request_bytes
+                        || self.held_bytes as u64 > self.shared.limits.max_request_bytes
                     {
                         return Err(Closed::Refused("too many requests behind a wait".into()));
                     }
                 }
-                request => self.apply(request)?,
+                request => self.apply(request, &mut mark)?,
             }
         }
     }
@@ -282,8 +310,19 @@ impl Handler {
             || matches!(request, Request::Wait { .. } | Request::Barrier { .. })
     }
 
-    /// Applies one request to the store and queues its reply.
-    fn apply(&mut self, request: Request) -> Result<(), Closed> {
+    /// Applies one request to the store and queues its reply, counting it in the metrics as
+    /// taking the time since `mark` (which moves to now).
+    fn apply(&mut self, request: Request, mark: &mut Instant) -> Result<(), Closed> {
+        let opcode = request.opcode();
+        let applied = self.apply_uncounted(request);
+        let now = Instant::now();
+        let took = now.saturating_duration_since(*mark);
+        *mark = now;
+        self.shared.metrics.request_served(opcode, took);
+        applied
+    }
+
+    fn apply_uncounted(&mut self, request: Request) -> Result<(), Closed> {
         let db = &self.db;
         let reply = match request {
             Request::Validate { .. } => return Err(Closed::Refused("second VALIDATE".into())),
@@ -362,9 +401,8 @@ impl Handler {
 
 impl Drop for Handler {
     fn drop(&mut self) {
-        if self.handshake != VALIDATED && self.handshake != UNWATCHED {
-            handshake_deadline::release(self.handshake);
-        }
+        self.stop_handshake_deadline();
+        self.shared.metrics.connection_closed();
     }
 }
 
@@ -392,7 +430,7 @@ mod tests {
                 .await
                 .unwrap();
             let (_trigger, shutdown, _drain) = shutdown::channel();
-            let handler = Handler::new(stream, Db::new(), Limits::default());
+            let handler = Handler::new(stream, Db::new(), Arc::default());
             let future = handler.run(shutdown);
             let size = std::mem::size_of_val(&future);
             assert!(size <= 288, "a connection's future grew to {size} bytes");

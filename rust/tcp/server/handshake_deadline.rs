@@ -6,7 +6,9 @@
 //! that a 16,384-rank storm relies on, so one sweeper per process watches the unvalidated ones
 //! instead: it holds a duplicate of each socket (so it can never touch a descriptor number the
 //! kernel reused) and shuts the socket down when its deadline passes, which the connection's
-//! task sees as the peer closing. A connection that validates, or ends, leaves the watch list.
+//! task sees as the peer closing. A connection that validates, or ends, leaves the watch list;
+//! on a server with an auth token, one that validates stays on it until it has also proven it
+//! holds the token (see `handler/admission.rs`).
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Mutex;

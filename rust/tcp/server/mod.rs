@@ -10,6 +10,12 @@
 //! * **A listen backlog sized for storms**: [`DEFAULT_BACKLOG`] (the kernel caps it at
 //!   `net.core.somaxconn`, which the server warns about when it is below the expected world).
 //! * `TCP_NODELAY` on every accepted socket; bounded memory per connection (see [`Limits`]).
+//! * **Access control** (off by default): with a token, only clients that prove they hold it
+//!   are served ([`crate::tcp::auth`]); a cap on open connections refuses the ones beyond it at
+//!   once, leaving those admitted alone.
+//! * **Metrics**: counters kept as atomics ([`metrics`]), rendered for Prometheus on
+//!   `GET /metrics` with `GET /healthz` beside it ([`metrics_http`]) when asked for, and
+//!   readable in process through [`Server::render_metrics`].
 //!
 //! Everything runs on the process's one tokio runtime ([`crate::runtime`]); [`Server::start`]
 //! returns at once with a handle whose drop (or [`Server::shutdown`]) stops the server and waits
@@ -20,26 +26,33 @@
 //! * `mod.rs`: bind, accept, the [`Server`] handle; `handler.rs`: one connection;
 //!   `outbox.rs`: its replies not yet written (large MULTI_GET replies streamed);
 //!   `shutdown.rs`: stop signal and drain; `handshake_deadline.rs`: closes connections that
-//!   never validate; `log_budget.rs`: at most so many warnings a second per call site.
+//!   never validate; `log_budget.rs`: at most so many warnings a second per call site;
+//!   `handler/admission.rs`: a connection's handshake (VALIDATE, the token's proof);
+//!   `metrics.rs`: the counters and their Prometheus text; `metrics_http.rs`: their endpoint.
 //!
 //! The key-value state the server serves is [`crate::store::db`], shared with HashStore.
 
 pub mod handler;
 pub mod handshake_deadline;
 pub mod log_budget;
+pub mod metrics;
+pub mod metrics_http;
 pub mod outbox;
 pub mod shutdown;
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::sync::Arc;
 use std::time::Duration;
 
 use socket2::{Domain, Protocol, Socket, Type};
 use tokio::net::TcpListener;
 
 use self::handler::Handler;
+use self::metrics::{Metrics, Refusal};
 use self::shutdown::{Drain, Shutdown, Trigger};
 use crate::error::{Error, Result};
 use crate::store::db::Db;
+use crate::tcp::auth::AuthToken;
 use crate::tcp::codec::Limits;
 
 /// Listen backlog asked for; the kernel lowers it to `net.core.somaxconn`.
@@ -59,8 +72,17 @@ pub struct ServerConfig {
     pub limits: Limits,
     /// Ranks expected, used only to warn when the kernel's backlog cap is below it.
     pub expected_clients: Option<u64>,
-    /// A connection that has not sent VALIDATE this long after it was accepted is closed.
+    /// A connection that has not sent VALIDATE (and, with a token, proven it holds it) this
+    /// long after it was accepted is closed.
     pub validate_within: Duration,
+    /// Serve only clients that prove they hold this token (see [`crate::tcp::auth`]).
+    pub auth_token: Option<AuthToken>,
+    /// With a token: still serve clients that cannot present one (stock torch clients).
+    pub allow_unauthenticated_torch_clients: bool,
+    /// Connections beyond this many open ones are closed at once.
+    pub max_connections: Option<u64>,
+    /// Serve `GET /metrics` and `GET /healthz` on this `host:port` (port 0 picks one).
+    pub metrics_addr: Option<String>,
 }
 
 /// Default of [`ServerConfig::validate_within`]: torch's clients validate at once, so a
@@ -76,7 +98,48 @@ impl Default for ServerConfig {
             limits: Limits::default(),
             expected_clients: None,
             validate_within: DEFAULT_VALIDATE_WITHIN,
+            auth_token: None,
+            allow_unauthenticated_torch_clients: false,
+            max_connections: None,
+            metrics_addr: None,
         }
+    }
+}
+
+/// What every connection of one server reads: its limits and access rules, and the metrics
+/// they all count into. One pointer per connection.
+pub struct Shared {
+    /// Per-request limits.
+    pub limits: Limits,
+    /// See [`ServerConfig::validate_within`].
+    pub validate_within: Duration,
+    /// See [`ServerConfig::auth_token`].
+    pub auth_token: Option<AuthToken>,
+    /// See [`ServerConfig::allow_unauthenticated_torch_clients`].
+    pub allow_torch_clients: bool,
+    /// See [`ServerConfig::max_connections`].
+    pub max_connections: Option<u64>,
+    /// The server's counters.
+    pub metrics: Metrics,
+}
+
+impl Shared {
+    /// The shared part of `config`, with fresh metrics.
+    pub fn new(config: &ServerConfig) -> Shared {
+        Shared {
+            limits: config.limits,
+            validate_within: config.validate_within,
+            auth_token: config.auth_token.clone(),
+            allow_torch_clients: config.allow_unauthenticated_torch_clients,
+            max_connections: config.max_connections,
+            metrics: Metrics::default(),
+        }
+    }
+}
+
+impl Default for Shared {
+    fn default() -> Shared {
+        Shared::new(&ServerConfig::default())
     }
 }
 
@@ -84,6 +147,8 @@ impl Default for ServerConfig {
 pub struct Server {
     local_addr: SocketAddr,
     db: Db,
+    shared: Arc<Shared>,
+    metrics_addr: Option<SocketAddr>,
     trigger: Trigger,
     drain: std::sync::Mutex<Option<Drain>>,
     /// The process that started the server: a forked child has none of its tasks to wait for.
@@ -196,18 +261,37 @@ impl Server {
         let local_addr = listener.local_addr()?;
         let listening = listener.try_clone()?;
         let db = Db::new();
+        let shared = Arc::new(Shared::new(config));
         let (trigger, shutdown, drain) = shutdown::channel();
         let runtime = crate::runtime::runtime();
-        let listener = {
-            let _entered = runtime.enter();
-            TcpListener::from_std(listener)?
+        let _entered = runtime.enter();
+        let scrapes = match &config.metrics_addr {
+            Some(addr) => Some(bind_metrics(addr)?),
+            None => None,
         };
-        let limits = (config.limits, config.validate_within);
-        runtime.spawn(accept_loop(listener, db.clone(), limits, shutdown));
+        let metrics_addr = scrapes.as_ref().map(TcpListener::local_addr).transpose()?;
+        let listener = TcpListener::from_std(listener)?;
+        if let Some(scrapes) = scrapes {
+            let served = metrics_http::serve(scrapes, db.clone(), shared.clone(), shutdown.clone());
+            runtime.spawn(served);
+        }
+        runtime.spawn(accept_loop(listener, db.clone(), shared.clone(), shutdown));
         tracing::info!(%local_addr, "store server listening");
+        if let Some(addr) = metrics_addr {
+            tracing::info!(%addr, "metrics on http://{addr}/metrics");
+        }
+        if shared.auth_token.is_some() {
+            let torch = shared.allow_torch_clients;
+            tracing::info!(
+                unauthenticated_torch_clients_allowed = torch,
+                "clients must prove they hold the auth token"
+            );
+        }
         Ok(Server {
             local_addr,
             db,
+            shared,
+            metrics_addr,
             trigger,
             drain: std::sync::Mutex::new(Some(drain)),
             owner_pid: std::process::id(),
@@ -231,6 +315,21 @@ impl Server {
     /// The server's state, for code running in the same process.
     pub fn db(&self) -> &Db {
         &self.db
+    }
+
+    /// The server's counters.
+    pub fn metrics(&self) -> &Metrics {
+        &self.shared.metrics
+    }
+
+    /// Every metric in Prometheus' text format, as `GET /metrics` serves it.
+    pub fn render_metrics(&self) -> String {
+        self.shared.metrics.render_prometheus(&self.db)
+    }
+
+    /// Where `GET /metrics` is served, when it is.
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics_addr
     }
 
     /// Stops accepting, closes every connection and waits up to `grace` for their tasks.
@@ -293,12 +392,27 @@ const NODELAY_INHERITED: bool = cfg!(target_os = "linux");
 
 /// `accept` failures (out of descriptors, say) are logged at most once a second.
 static ACCEPT_LOG: log_budget::LogBudget = log_budget::LogBudget::new(1);
+/// Connections refused for the connection cap are logged at most once a second.
+static OVER_CAP_LOG: log_budget::LogBudget = log_budget::LogBudget::new(1);
 
-/// Accepts connections until shutdown; each gets its own task.
+/// Binds the metrics endpoint's listener (on the runtime).
+fn bind_metrics(addr: &str) -> Result<TcpListener> {
+    let bad = |e: std::io::Error| {
+        Error::Network(format!(
+            "cannot serve metrics on {addr}: {e} (want HOST:PORT)"
+        ))
+    };
+    let listener = std::net::TcpListener::bind(addr).map_err(bad)?;
+    listener.set_nonblocking(true).map_err(bad)?;
+    TcpListener::from_std(listener).map_err(bad)
+}
+
+/// Accepts connections until shutdown; each gets its own task. Beyond `max_connections` open
+/// ones, a new connection is closed at once (the peer sees it closed before any reply).
 pub async fn accept_loop(
     listener: TcpListener,
     db: Db,
-    (limits, validate_within): (Limits, Duration),
+    shared: Arc<Shared>,
     mut shutdown: Shutdown,
 ) {
     loop {
@@ -308,12 +422,23 @@ pub async fn accept_loop(
         };
         match accepted {
             Ok((stream, peer)) => {
+                let open = shared.metrics.open_connections();
+                if shared.max_connections.is_some_and(|max| open >= max) {
+                    shared.metrics.refused(Refusal::MaxConnections);
+                    drop(stream);
+                    if let Some(suppressed) = OVER_CAP_LOG.admit() {
+                        tracing::warn!(%peer, open, suppressed,
+                            "refused a connection: --max-connections are open");
+                    }
+                    continue;
+                }
                 if !NODELAY_INHERITED {
                     if let Err(err) = stream.set_nodelay(true) {
                         tracing::debug!(%peer, %err, "TCP_NODELAY failed");
                     }
                 }
-                let handler = Handler::new(stream, db.clone(), limits)
+                let validate_within = shared.validate_within;
+                let handler = Handler::new(stream, db.clone(), Arc::clone(&shared))
                     .with_handshake_deadline(validate_within);
                 tokio::spawn(handler.run(shutdown.clone()));
             }

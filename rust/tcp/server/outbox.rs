@@ -86,6 +86,15 @@ impl Outbox {
         }
     }
 
+    /// Queues raw bytes (the auth challenge, which is no torch reply).
+    pub fn put_slice(&mut self, bytes: &[u8]) {
+        if self.streaming() {
+            self.large().after.put_slice(bytes);
+        } else {
+            self.small.put_slice(bytes);
+        }
+    }
+
     fn put_value(&mut self, value: Bytes) {
         self.small.put_u64_le(value.len() as u64);
         if value.len() < SHARE_AT_BYTES {

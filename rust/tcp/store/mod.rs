@@ -31,6 +31,7 @@ use bytes::Bytes;
 
 use crate::error::{Error, Result};
 use crate::store::{Deadline, Store};
+use crate::tcp::auth::AuthToken;
 use crate::tcp::client::conn_pool::ConnPool;
 use crate::tcp::client::Client;
 use crate::tcp::codec::{Limits, Reply, Request};
@@ -65,6 +66,12 @@ pub struct TcpStoreOptions {
     pub use_libuv: bool,
     /// Limits the hosted server enforces.
     pub limits: Limits,
+    /// Proven to a server that asks for it; a master's server requires it of every client.
+    pub auth_token: Option<AuthToken>,
+    /// A master's server with a token still serves clients that cannot present one.
+    pub allow_unauthenticated_torch_clients: bool,
+    /// A master's server serves `GET /metrics` and `GET /healthz` on this `host:port`.
+    pub metrics_addr: Option<String>,
 }
 
 impl Default for TcpStoreOptions {
@@ -80,6 +87,9 @@ impl Default for TcpStoreOptions {
             master_listen_fd: None,
             use_libuv: true,
             limits: Limits::default(),
+            auth_token: None,
+            allow_unauthenticated_torch_clients: false,
+            metrics_addr: None,
         }
     }
 }
@@ -158,13 +168,14 @@ impl TcpStore {
         let port = server
             .as_ref()
             .map_or(options.port, |s| s.local_addr().port());
-        let client = Client::connect(&options.host, port, options.timeout)?;
+        let token = options.auth_token.as_ref();
+        let client = Client::connect_with_token(&options.host, port, options.timeout, token)?;
         let store = TcpStore {
             host: options.host.clone(),
             port,
             use_libuv: options.use_libuv,
             timeout: Mutex::new(options.timeout),
-            conns: ConnPool::new(&options.host, port, Some(client)),
+            conns: ConnPool::new(&options.host, port, token.cloned(), Some(client)),
             server,
             barrier_support: Default::default(),
         };
@@ -190,6 +201,18 @@ impl TcpStore {
     /// torch's `libuvBackend` flag as given.
     pub fn use_libuv(&self) -> bool {
         self.use_libuv
+    }
+
+    /// The hosted server's metrics in Prometheus' text format; `None` on a client.
+    pub fn metrics(&self) -> Option<String> {
+        self.server.as_ref().map(|server| server.render_metrics())
+    }
+
+    /// Where the hosted server serves `GET /metrics`, when it does.
+    pub fn metrics_addr(&self) -> Option<std::net::SocketAddr> {
+        self.server
+            .as_ref()
+            .and_then(|server| server.metrics_addr())
     }
 
     /// Stops the server this store hosts, if any (see [`Server::stop`]); its clients, this
@@ -301,6 +324,9 @@ fn host_server(options: &TcpStoreOptions) -> Result<(Option<Arc<Server>>, bool)>
         port: options.port,
         limits: options.limits,
         expected_clients: options.world_size,
+        auth_token: options.auth_token.clone(),
+        allow_unauthenticated_torch_clients: options.allow_unauthenticated_torch_clients,
+        metrics_addr: options.metrics_addr.clone(),
         ..ServerConfig::default()
     };
     let listener = match options.master_listen_fd {

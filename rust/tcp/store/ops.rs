@@ -61,7 +61,8 @@ impl TcpStore {
     /// A new connection to the same server (torch's `clone()`): not a master, no worker count.
     pub fn connect_clone(&self) -> Result<TcpStore> {
         let timeout = self.timeout();
-        let client = Client::connect(&self.host, self.port, timeout)?;
+        let token = self.conns.token();
+        let client = Client::connect_with_token(&self.host, self.port, timeout, token)?;
         Ok(TcpStore {
             host: self.host.clone(),
             port: self.port,
@@ -70,6 +71,7 @@ impl TcpStore {
             conns: crate::tcp::client::conn_pool::ConnPool::new(
                 &self.host,
                 self.port,
+                token.cloned(),
                 Some(client),
             ),
             server: self.server.clone(),

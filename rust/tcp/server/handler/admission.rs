@@ -1,0 +1,158 @@
+//! A connection's handshake: VALIDATE, then, on a server with a token, the proof that the
+//! client holds it (the exchange is described in [`crate::tcp::auth`]).
+//!
+//! Without a token the handshake is torch's: VALIDATE with the right magic admits the
+//! connection. With one, the request after VALIDATE decides: ferrodist's marker PING gets the
+//! challenge, and the proof that follows admits the connection or refuses it (a refusal byte is
+//! written before the connection closes, so the client can say why). Anything else comes from
+//! a client that cannot hold a token (a stock torch client sends its pid as PING nonce, torch
+//! 2.4's sends no PING at all): it is served as the first request when the operator admits
+//! such clients, and refused otherwise. A connection stays under the handshake deadline until it
+//! is admitted, so one that never answers the challenge is closed like one that never
+//! validates.
+
+use super::{Closed, Handler};
+use crate::tcp::auth::{self, ADMITTED, CHALLENGE_LEN, FERRODIST_PONG_AUTH, PROOF_LEN, REFUSED};
+use crate::tcp::codec::{decode_request, Reply, Request, FERRODIST_PING, VALIDATE_MAGIC};
+use crate::tcp::server::handshake_deadline;
+use crate::tcp::server::metrics::Refusal;
+
+/// How far a connection's handshake has come.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Stage {
+    /// Nothing read yet: the first request must be VALIDATE.
+    Connected,
+    /// VALIDATE came and the server has a token: the next request tells who the client is.
+    Validated,
+    /// The challenge went out; the next [`PROOF_LEN`] bytes are the client's proof.
+    Challenged,
+    /// The proof was wrong; the refusal byte goes out, then the connection closes.
+    Refused,
+    /// The handshake is over: requests are served.
+    Admitted,
+}
+
+/// What the handshake did with the buffered input.
+pub(super) enum Step {
+    /// The handshake is over and this request is the first to serve.
+    Serve(Request),
+    /// It took a step; look at the buffer again.
+    Next,
+    /// It needs more bytes (or is refusing the connection).
+    Stop,
+}
+
+/// Why a connection whose proof was wrong is closed.
+pub(super) const WRONG_TOKEN: Closed = Closed::Unauthenticated(
+    Refusal::Authentication,
+    "authentication failed: the client's proof does not match this server's token",
+);
+
+/// Why a client that cannot present a token is closed.
+const TORCH_CLIENT: Closed = Closed::Unauthenticated(
+    Refusal::TorchClient,
+    "refused a client without ferrodist's handshake (a stock torch client?): this server \
+     requires an auth token (--allow-unauthenticated-torch-clients, or a master's \
+     allow_unauthenticated_torch_clients=True, admits such clients)",
+);
+
+impl Handler {
+    /// One step of the handshake over the buffered input.
+    pub(super) fn handshake_step(&mut self) -> Result<Step, Closed> {
+        match self.stage {
+            Stage::Refused | Stage::Admitted => return Ok(Step::Stop),
+            Stage::Challenged => return Ok(self.check_proof()),
+            Stage::Connected | Stage::Validated => {}
+        }
+        let Some(request) = decode_request(&mut self.input, &self.shared.limits)? else {
+            return Ok(Step::Stop);
+        };
+        match (self.stage, request) {
+            (
+                Stage::Connected,
+                Request::Validate {
+                    magic: VALIDATE_MAGIC,
+                },
+            ) => {
+                if self.shared.auth_token.is_some() {
+                    self.stage = Stage::Validated;
+                } else {
+                    self.admit();
+                }
+                Ok(Step::Next)
+            }
+            (Stage::Connected, other) => Err(Closed::Refused(format!(
+                "first request must be VALIDATE with the right magic, got {:?}",
+                other.opcode()
+            ))),
+            (
+                _,
+                Request::Ping {
+                    nonce: FERRODIST_PING,
+                },
+            ) => {
+                let challenge = auth::challenge().map_err(|e| Closed::Refused(e.to_string()))?;
+                self.output.reply(Reply::Nonce(FERRODIST_PONG_AUTH));
+                self.output.put_slice(&challenge);
+                self.challenge = Some(Box::new(challenge));
+                self.stage = Stage::Challenged;
+                Ok(Step::Next)
+            }
+            (_, request) if self.shared.allow_torch_clients => {
+                self.admit();
+                Ok(Step::Serve(request))
+            }
+            (_, _) => Err(TORCH_CLIENT),
+        }
+    }
+
+    /// Checks the proof once all of it is buffered: admits, or queues the refusal.
+    fn check_proof(&mut self) -> Step {
+        if self.input.len() < PROOF_LEN {
+            return Step::Stop;
+        }
+        let proof = self.input.split_to(PROOF_LEN);
+        let challenge: Box<[u8; CHALLENGE_LEN]> = self.challenge.take().unwrap_or_default();
+        let proven = self
+            .shared
+            .auth_token
+            .as_ref()
+            .is_some_and(|token| token.verify(&challenge[..], &proof));
+        if proven {
+            self.output.put_u8(ADMITTED);
+            self.admit();
+            self.holds_behind_wait = true; // only ferrodist's client gets this far
+            Step::Next
+        } else {
+            self.output.put_u8(REFUSED);
+            self.stage = Stage::Refused;
+            Step::Stop
+        }
+    }
+
+    fn admit(&mut self) {
+        self.stage = Stage::Admitted;
+        self.stop_handshake_deadline();
+    }
+
+    /// Takes the connection off the handshake-deadline watch list.
+    pub(super) fn stop_handshake_deadline(&mut self) {
+        if self.handshake != super::UNWATCHED {
+            handshake_deadline::release(self.handshake);
+            self.handshake = super::UNWATCHED;
+        }
+    }
+
+    /// How the connection ended when the peer closed it: a client that validated and then left
+    /// without proving it holds the token is logged as refused (a ferrodist client started
+    /// without the token closes the connection when it sees the challenge).
+    pub(super) fn left_during_handshake(&self) -> Result<(), Closed> {
+        match self.stage {
+            Stage::Validated | Stage::Challenged => Err(Closed::Unauthenticated(
+                Refusal::Authentication,
+                "the client left during authentication (it has no token, or the wrong kind)",
+            )),
+            _ => Ok(()),
+        }
+    }
+}
