@@ -3,7 +3,9 @@ it, the GIL left free while it waits, job prefixes, and its arguments, login and
 
 from __future__ import annotations
 
+import gc
 import json
+import os
 import threading
 import time
 import urllib.request
@@ -238,3 +240,31 @@ def test_tls_with_a_client_certificate(tmp_path: Path) -> None:
         )
         with pytest.raises(tdist.DistError):
             anonymous.get("k")
+
+
+def test_a_forked_child_makes_its_own_store_and_the_parents_is_left_alone(
+    etcd_cluster: EtcdCluster, etcd_prefix: str
+) -> None:
+    store = _store(etcd_cluster, etcd_prefix)
+    store.set("k", "parent")
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        code = 1
+        try:
+            try:
+                store.get("k")
+                refused = False
+            except tdist.DistStoreError as exc:
+                refused = "fork" in str(exc)
+            del store  # dropping the parent's connection here must not touch the parent
+            gc.collect()
+            own = _store(etcd_cluster, etcd_prefix)
+            own.set("c", "child")
+            code = 0 if refused and own.get("k") == b"parent" else 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
+    assert store.get("c") == b"child"
+    store.set("k", "still the parent's")
+    assert store.get("k") == b"still the parent's"

@@ -27,6 +27,7 @@ mod retry;
 mod rmw;
 mod watch;
 
+use std::mem::ManuallyDrop;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -44,9 +45,38 @@ use crate::runtime::runtime;
 
 /// What every handle of one store shares: the connection and the receipt slots.
 struct Shared {
-    client: Client,
+    /// The gRPC connection. Its tasks run on the runtime of the process that made it; a forked
+    /// child has that memory but not those threads, so there it is never used nor dropped
+    /// (dropping it would poke the parent's runtime): see [`Shared::usable`] and `Drop`.
+    client: ManuallyDrop<Client>,
+    /// The process that connected.
+    pid: u32,
     receipts: Receipts,
     endpoints: Vec<String>,
+}
+
+impl Shared {
+    /// An error in a forked child: its parent's connection cannot serve it.
+    fn usable(&self) -> Result<()> {
+        if self.pid == std::process::id() {
+            return Ok(());
+        }
+        Err(Error::Store(format!(
+            "this EtcdStore was connected in process {} and cannot be used after fork; \
+             make a new EtcdStore in the child",
+            self.pid
+        )))
+    }
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        if self.pid == std::process::id() {
+            // SAFETY: dropped once, here, and never used again.
+            unsafe { ManuallyDrop::drop(&mut self.client) };
+        }
+        // In a forked child the connection is leaked on purpose (see the field).
+    }
 }
 
 /// A [`Store`] on an etcd cluster; cheap to clone (clones share the connection).
@@ -69,7 +99,8 @@ impl EtcdStore {
         let client = runtime().block_on(options.connect(deadline))?;
         Ok(EtcdStore {
             shared: Arc::new(Shared {
-                client,
+                client: ManuallyDrop::new(client),
+                pid: std::process::id(),
                 receipts: Receipts::new(),
                 endpoints: options.endpoints.clone(),
             }),
@@ -114,6 +145,7 @@ impl EtcdStore {
         F: Fn(etcd_client::KvClient) -> Fut,
         Fut: std::future::Future<Output = std::result::Result<Result<T>, etcd_client::Error>>,
     {
+        self.shared.usable()?;
         let kv = self.shared.client.kv_client();
         runtime().block_on(retrying(what, self.call_deadline(), || attempt(kv.clone())))
     }
@@ -125,6 +157,7 @@ impl EtcdStore {
         key: Vec<u8>,
         change: impl Fn(Option<&[u8]>) -> Result<Change>,
     ) -> Result<Vec<u8>> {
+        self.shared.usable()?;
         let deadline = self.call_deadline();
         runtime().block_on(self.read_modify_write(what, key, deadline, change))
     }
@@ -164,6 +197,7 @@ impl EtcdStore {
         timeout: Duration,
         op: &str,
     ) -> Result<()> {
+        self.shared.usable()?;
         let outcome = runtime().block_on(async {
             if timeout.is_zero() {
                 return Some(waiting.await);
