@@ -127,10 +127,9 @@ fn a_set_between_the_read_and_the_watch_still_ends_the_wait() {
         let mut client = etcd_client::Client::connect(endpoints, None).await.unwrap();
         client.put(etcd_key, "1", None).await.unwrap();
     };
-    let started = Instant::now();
-    s.wait_with_gap(&keys(&["late"]), Duration::from_secs(5), gap)
+    // A wait that missed the write would time out: the key is never written again.
+    s.wait_with_gap(&keys(&["late"]), Duration::from_secs(10), gap)
         .expect("the write in the gap ends the wait");
-    assert!(started.elapsed() < Duration::from_secs(4));
 }
 
 #[test]
