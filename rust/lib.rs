@@ -12,7 +12,8 @@
 //!   the one key-value + queue + waiter engine that HashStore and the TCP server both run on
 //!   (torch's differences between them are a [`store::db::Policy`]); [`store::waiters`], its
 //!   wait registry; the in-process stores: [`store::HashStore`], `FileStore` (torch's on-disk
-//!   format), `PrefixStore`.
+//!   format), `PrefixStore`; [`store::etcd`], `EtcdStore` on an etcd cluster (v3 API:
+//!   transactions, watches).
 //! * [`tcp`]: torch's TCPStore wire protocol (codec), the tokio server behind `ferrodist-store`
 //!   and the in-process master (with optional token auth, a connection cap and Prometheus
 //!   metrics), and the client.

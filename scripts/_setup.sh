@@ -7,9 +7,24 @@
 #     profiles keep the builds from invalidating each other, so with nothing changed both are
 #     no-ops (about 1.5 s in all);
 #  3. PYTHONPATH and PATH pointing at this checkout, so several checkouts can share one venv.
+#  4. before all that, system packages from Debian where missing: `protoc` (protobuf-compiler),
+#     which the etcd-client crate's build script runs, and `etcd` (etcd-server), which the
+#     EtcdStore tests start as 3-member clusters on free loopback ports.
 # Nothing is installed into the venv: `pip install .` does that (README, Install).
 set -euo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+
+missing_debs=()
+command -v protoc >/dev/null 2>&1 || missing_debs+=(protobuf-compiler)
+command -v etcd >/dev/null 2>&1 || missing_debs+=(etcd-server)
+if [ ${#missing_debs[@]} -gt 0 ]; then
+  echo "== installing ${missing_debs[*]} (apt-get)"
+  as_root=()
+  [ "$(id -u)" -eq 0 ] || as_root=(sudo)
+  "${as_root[@]}" apt-get update -q
+  "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q \
+    --no-install-recommends "${missing_debs[@]}"
+fi
 VENV=${FERRODIST_VENV:-$REPO/.venv}
 PY=$VENV/bin/python
 

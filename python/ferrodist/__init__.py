@@ -54,15 +54,20 @@ from ferrodist.errors import (
 )
 from ferrodist.file_store import FileStore
 from ferrodist.prefix_store import PrefixStore
-from ferrodist._rendezvous_api import rendezvous, share_ports_with_torch
+from ferrodist._rendezvous_api import register_etcd_with_torch, rendezvous, share_ports_with_torch
 from ferrodist.store import HashStore, Store
 from ferrodist.tcp_store import TCPStore
+
+# --- etcd store ---
+from ferrodist.etcd_store import EtcdStore
 
 __version__: str = _native.__version__
 
 # torch RPC's tcp:// / env:// init shares a port ferrodist's rendezvous serves (see
 # ferrodist._rendezvous_api): torch's handlers are wrapped once, untouched for other ports.
 share_ports_with_torch()
+# torch's init_process_group(init_method="etcd://...") reaches ferrodist's EtcdStore.
+register_etcd_with_torch()
 
 __all__ = [
     "AuthenticationError",
@@ -72,6 +77,7 @@ __all__ = [
     "DistError",
     "DistNetworkError",
     "DistStoreError",
+    "EtcdStore",
     "FerrodistError",
     "FileStore",
     "GradBucket",

@@ -73,6 +73,27 @@ def tcp_store(
 ) -> TCPStoreHandle: ...
 def serves_port(port: int) -> bool: ...
 
+# --- etcd store ---
+class EtcdStoreHandle:
+    def store(self) -> NativeStore: ...
+    @property
+    def prefix(self) -> str: ...
+    @property
+    def endpoints(self) -> list[str]: ...
+    def purge(self) -> int: ...
+
+def etcd_store(
+    endpoints: list[str],
+    prefix: str,
+    timeout: _Timeout,
+    username: str | None = None,
+    password: str | None = None,
+    ca_file: str | None = None,
+    cert_file: str | None = None,
+    key_file: str | None = None,
+    tls_domain: str | None = None,
+) -> EtcdStoreHandle: ...
+
 # --- rendezvous ---
 class RendezvousJoin:
     def __init__(

@@ -6,13 +6,15 @@ is torch's public ``torch.distributed.rendezvous`` contract (a generator that yi
 ``(store, rank, world_size)`` once and refuses a re-rendezvous), built on ferrodist's stores; it
 lives in ``_rendezvous_api.py``.
 
-``tcp://host:port`` and ``env://`` host the TCP store server inside rank 0 (the embedded default:
-no separate process to start); ``file:///path`` shares a file. Unlike torch, the wait for the other
-ranks is observable: every rank registers under ``_RDZV_PREFIX`` as it arrives; a waiting rank logs
-which ranks have joined and which are still missing every ``progress_interval`` seconds (env
-``FERRODIST_RENDEZVOUS_PROGRESS_S``, default 10; logger ``ferrodist.rendezvous`` at WARNING, so it
-shows with no logging set-up: a rank still waiting after that long is worth a look); a timeout
-raises ``StoreTimeoutError`` naming the ranks that never came, not torch's bare count of workers.
+``tcp://host:port`` and ``env://`` host the TCP store server inside rank 0 (the embedded default: no
+separate process to start); ``file:///path`` shares a file; ``etcd://host:port,.../JOB`` keeps the
+store in an etcd cluster (``ferrodist._etcd_url``), which outlives any rank. Unlike torch, the wait
+for the other ranks is observable: every rank registers under ``_RDZV_PREFIX`` as it arrives; a
+waiting rank logs which ranks have joined and which are still missing every ``progress_interval``
+seconds (env ``FERRODIST_RENDEZVOUS_PROGRESS_S``, default 10; logger ``ferrodist.rendezvous`` at
+WARNING, so it shows with no logging set-up: a rank still waiting after that long is worth a look);
+a timeout raises ``StoreTimeoutError`` naming the ranks that never came, not torch's bare count of
+workers.
 
 The join runs in the Rust core (``rust/rendezvous.rs``) and is event-driven, not polled: each rank
 appends itself to a ``joined`` list and adds itself to a counter, the rank that completes the
@@ -127,6 +129,13 @@ def _open_store(
         if parsed.hostname is None or parsed.port is None:
             raise ValueError(f"tcp:// init_method needs a host and a port, got {url!r}")
         host, port, hosts = parsed.hostname, parsed.port, rank == 0
+    elif parsed.scheme == "etcd":
+        from ferrodist._etcd_url import etcd_store_from_url
+
+        rank = _query_int(query, "rank", rank, url)
+        world_size = _query_int(query, "world_size", world_size, url)
+        _check_rank(rank, world_size)
+        return etcd_store_from_url(url, timeout), rank, world_size
     elif parsed.scheme == "file":
         rank = _query_int(query, "rank", rank, url)
         world_size = _query_int(query, "world_size", world_size, url)

@@ -1,13 +1,15 @@
 """``ferrodist.rendezvous``: torch's ``torch.distributed.rendezvous`` contract, ferrodist's stores.
 
-``rendezvous(url, rank=-1, world_size=-1, **kwargs)`` returns a generator that yields
-``(store, rank, world_size)`` once and raises ``RuntimeError`` if asked to rendezvous again, as
-torch's does. ``tcp://`` and ``env://`` give a ferrodist ``TCPStore`` (rank 0 hosts the server,
-shared by every multi-tenant master of the process on that port), ``file://`` a ferrodist
-``FileStore``; any other scheme goes to torch's dispatcher and the handlers registered there with
-``register_rendezvous_handler``. Argument errors are torch's: ``RuntimeError`` for a URL, rank or
-world size of the wrong type, ``ValueError`` ("Error initializing torch.distributed using ...")
-for a URL or environment that lacks what the scheme needs.
+``rendezvous(url, rank=-1, world_size=-1, **kwargs)`` returns a generator that yields ``(store,
+rank, world_size)`` once and raises ``RuntimeError`` if asked to rendezvous again, as torch's does.
+``tcp://`` and ``env://`` give a ferrodist ``TCPStore`` (rank 0 hosts the server, shared by every
+multi-tenant master of the process on that port), ``file://`` a ferrodist ``FileStore``,
+``etcd://host:port[,host:port]/JOB`` a ferrodist ``EtcdStore`` (a scheme also registered in torch's
+dispatcher, see ``register_etcd_with_torch``); any other scheme goes to torch's dispatcher and the
+handlers registered there with ``register_rendezvous_handler``. Argument errors are torch's:
+``RuntimeError`` for a URL, rank or world size of the wrong type, ``ValueError`` ("Error
+initializing torch.distributed using ...") for a URL or environment that lacks what the scheme
+needs.
 
 Port sharing with torch: torch shares one multi-tenant store server per port between the process
 group and torch RPC, through a process-wide table ferrodist's servers are not in. So that RPC's
@@ -32,10 +34,10 @@ import torch.distributed as _tdist
 from ferrodist import _native
 from ferrodist._rendezvous import use_libuv_from
 
-__all__ = ["rendezvous", "share_ports_with_torch"]
+__all__ = ["register_etcd_with_torch", "rendezvous", "share_ports_with_torch"]
 
 _Yield = Iterator[tuple[_tdist.Store, int, int]]
-_OUR_SCHEMES = ("tcp", "env", "file")
+_OUR_SCHEMES = ("tcp", "env", "file", "etcd")
 
 
 def _torch_rendezvous_module() -> Any:
@@ -153,10 +155,19 @@ def _file_handler(url: str, **_: Any) -> _Yield:
     raise RuntimeError("Unable to perform rerendezvous using file:// method")
 
 
+def _etcd_handler(url: str, timeout: timedelta = _tdist.default_pg_timeout, **_: Any) -> _Yield:
+    from ferrodist._etcd_url import etcd_store_from_url
+
+    rank, world_size = _rank_and_world_size("etcd", _query(url))
+    yield etcd_store_from_url(url, timeout), rank, world_size
+    raise RuntimeError("Unable to perform re-rendezvous using etcd:// method")
+
+
 _HANDLERS: dict[str, Callable[..., _Yield]] = {
     "tcp": _tcp_handler,
     "env": _env_handler,
     "file": _file_handler,
+    "etcd": _etcd_handler,
 }
 
 
@@ -210,6 +221,15 @@ def _sharing(scheme: str, torch_handler: Callable[..., _Yield]) -> Callable[...,
     handler.__doc__ = f"torch's {scheme}:// handler, but on a port ferrodist serves here."
     handler._ferrodist_shares_ports = True  # type: ignore[attr-defined]
     return handler
+
+
+def register_etcd_with_torch() -> None:
+    """Registers ``etcd://`` in torch's rendezvous dispatcher (once), so that torch's own
+    ``init_process_group(init_method="etcd://...")`` and ``torch.distributed.rendezvous`` take
+    it too. A handler someone else registered for the scheme is left in place."""
+    registry = _torch_rendezvous_module()._rendezvous_handlers
+    if "etcd" not in registry:
+        registry["etcd"] = _etcd_handler
 
 
 def share_ports_with_torch() -> None:

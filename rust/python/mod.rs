@@ -12,6 +12,8 @@ mod store;
 mod store_factories;
 // --- tcp store ---
 mod tcp_store;
+// --- etcd store ---
+mod etcd_store;
 // --- collectives ---
 mod bucket;
 mod collectives;
@@ -35,6 +37,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     store_factories::register(m)?;
     // --- tcp store ---
     tcp_store::register(m)?;
+    // --- etcd store ---
+    etcd_store::register(m)?;
     rendezvous::register(m)?;
     // --- zero ---
     m.add_function(wrap_pyfunction!(partition::sorted_greedy_partition, m)?)?;

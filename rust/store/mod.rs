@@ -19,6 +19,8 @@ pub mod file;
 mod file_lock;
 pub mod file_log;
 pub mod prefix;
+// --- etcd store ---
+pub mod etcd;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -28,6 +30,8 @@ use crate::error::{Error, Result};
 pub use file::FileStore;
 pub use hash::HashStore;
 pub use prefix::PrefixStore;
+// --- etcd store ---
+pub use etcd::{EtcdOptions, EtcdStore};
 
 /// torch's `kDefaultTimeout`: 300 s for every store unless set otherwise.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);

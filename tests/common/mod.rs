@@ -2,6 +2,8 @@
 
 #![allow(dead_code)]
 
+pub mod etcd;
+
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;

@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import itertools
+import os
 import socket
+from collections.abc import Iterator
 
+import etcd_support
 import pytest
 import torch
+from etcd_support import EtcdCluster
 from torch.torch_version import TorchVersion
+
+_PREFIXES = itertools.count()
 
 # The torch side of the parity scenarios (test_store_parity, test_store_dropin) asserts torch's
 # behaviour as documented for 2.11-2.15. torch 2.4 differs in ways no attribute reveals (its
@@ -32,3 +39,17 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="session")
+def etcd_cluster() -> Iterator[EtcdCluster]:
+    """A real 3-member etcd cluster on loopback ports, shared by the session's tests (each
+    keeps apart with its own prefix; see ``etcd_prefix``). Fault tests start their own."""
+    with etcd_support.etcd_cluster(3) as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def etcd_prefix(request: pytest.FixtureRequest) -> str:
+    """A job prefix no other test uses."""
+    return f"test-{os.getpid()}-{next(_PREFIXES)}-{request.node.name}"

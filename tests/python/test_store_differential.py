@@ -14,6 +14,7 @@ from typing import Any, Callable
 
 import pytest
 import torch.distributed as tdist
+from etcd_support import EtcdCluster
 
 import ferrodist
 
@@ -172,3 +173,17 @@ def test_a_key_that_is_not_utf8_is_refused_and_changes_nothing(tmp_path: Path, p
     with pytest.raises(TypeError, match="str or bytes"):
         ours.set(3, "v")  # type: ignore[arg-type]
     assert ours.num_keys() == (0 if pair == "hash" else 1)
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("prefixed", [False, True], ids=["etcd", "prefix-etcd"])
+@pytest.mark.parametrize("seed", [1, 2])
+def test_random_operations_on_etcd_match_torchs_hash_store(
+    etcd_cluster: EtcdCluster, etcd_prefix: str, prefixed: bool, seed: int
+) -> None:
+    """EtcdStore answers as torch's HashStore (one shared map, no internal keys)."""
+    ours: tdist.Store = ferrodist.EtcdStore(etcd_cluster.endpoints, etcd_prefix)
+    theirs: tdist.Store = tdist.HashStore()
+    if prefixed:
+        ours, theirs = ferrodist.PrefixStore("p", ours), tdist.PrefixStore("p", theirs)
+    assert _run(theirs, ours, seed, file_backed=False) > 10

@@ -1,0 +1,83 @@
+"""A torchrun rendezvous backend on etcd: ``torchrun --rdzv-backend=ferrodist-etcd``.
+
+torch's own ``etcd`` backends need the ``python-etcd`` package and etcd's v2 API (removed from
+etcd 3.6). This one is torch's ``DynamicRendezvousHandler`` (the handler behind torch's ``c10d``
+backend: same join, last-call, heartbeat and re-rendezvous rules) with its state in a
+ferrodist :class:`~ferrodist.EtcdStore` through torch's ``C10dRendezvousBackend``, so the agents'
+rendezvous survives the loss of any host, the one that would have served a ``c10d`` store
+included.
+
+Usage::
+
+    torchrun --nnodes=2 --nproc-per-node=8 --rdzv-backend=ferrodist-etcd \\
+        --rdzv-endpoint=etcd1:2379,etcd2:2379,etcd3:2379 --rdzv-id=job-42 train.py
+
+``--rdzv-conf`` takes, besides torch's ``join_timeout``, ``last_call_timeout``,
+``close_timeout`` and ``heartbeat``: ``read_timeout`` (seconds, default 60: the store timeout),
+``prefix`` (default ``torchrun``; keys live under ``PREFIX/RUN_ID/``), ``username``,
+``password``, ``ca_file``, ``cert_file``, ``key_file`` and ``tls_domain``.
+
+torch finds the backend through the ``torchrun.handlers`` entry point an installed ferrodist
+declares (pyproject.toml); :func:`register` does the same by hand (a checkout that is not
+installed, or a program that builds its own agent).
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Callable
+
+from torch.distributed.elastic.rendezvous import (
+    RendezvousHandler,
+    RendezvousParameters,
+    rendezvous_handler_registry,
+)
+from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
+from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
+    create_handler as _dynamic_handler,
+)
+
+from ferrodist.etcd_store import EtcdStore
+
+__all__ = ["BACKEND_NAME", "EtcdRendezvousBackend", "create_handler", "handler_factory", "register"]
+
+BACKEND_NAME = "ferrodist-etcd"
+
+_STORE_OPTIONS = ("username", "password", "ca_file", "cert_file", "key_file", "tls_domain")
+
+
+class EtcdRendezvousBackend(C10dRendezvousBackend):
+    """torch's store-backed rendezvous state (compare-and-set of one key), on an EtcdStore."""
+
+    @property
+    def name(self) -> str:
+        return BACKEND_NAME
+
+
+def create_handler(params: RendezvousParameters) -> RendezvousHandler:
+    """A ``DynamicRendezvousHandler`` whose state lives in etcd (torch's handler creator
+    signature: ``RendezvousParameters`` in, ``RendezvousHandler`` out)."""
+    if not params.endpoint:
+        raise ValueError(
+            f"--rdzv-backend={BACKEND_NAME} needs --rdzv-endpoint=host:port[,host:port...]"
+        )
+    read_timeout = params.get_as_int("read_timeout", 60) or 60
+    prefix = str(params.get("prefix", "torchrun")).rstrip("/")
+    options = {name: params.get(name) for name in _STORE_OPTIONS if params.get(name) is not None}
+    store = EtcdStore(
+        params.endpoint,
+        f"{prefix}/{params.run_id}",
+        timedelta(seconds=read_timeout),
+        **options,
+    )
+    return _dynamic_handler(store, EtcdRendezvousBackend(store, params.run_id), params)
+
+
+def handler_factory() -> Callable[[RendezvousParameters], RendezvousHandler]:
+    """The ``torchrun.handlers`` entry point: torch calls it and registers what it returns."""
+    return create_handler
+
+
+def register() -> None:
+    """Registers ``ferrodist-etcd`` in torch's rendezvous handler registry (idempotent)."""
+    rendezvous_handler_registry.register(BACKEND_NAME, create_handler)

@@ -1,0 +1,149 @@
+"""``ferrodist.EtcdStore``: a torch store whose keys live in an etcd cluster.
+
+A ``TCPStore`` lives and dies with one process; an etcd cluster of three or five members keeps
+every acknowledged write through the loss of any minority of them, so a job's rendezvous
+survives the host that would have served it. The store is a real ``torch.distributed.Store``
+(torch takes it anywhere it takes a store) and answers as torch's stores do; where torch's own
+stores disagree it answers as ``HashStore`` (see the README).
+
+Every call has a deadline (waits their timeout, the rest the store timeout), retries through
+etcd leader elections, and never holds the GIL while it waits. ``wait`` and ``get`` watch etcd
+from the revision they read, so they wake on the write that completes them without polling.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Optional, Union
+
+from ferrodist import _native
+from ferrodist.store import _NativeBackedStore
+
+__all__ = ["EtcdStore"]
+
+_PathLike = Union[str, "os.PathLike[str]"]
+
+
+def _endpoints(endpoints: object) -> list[str]:
+    if isinstance(endpoints, str):
+        items = [e.strip() for e in endpoints.split(",")]
+    elif isinstance(endpoints, Sequence) and all(isinstance(e, str) for e in endpoints):
+        items = [str(e).strip() for e in endpoints]
+    else:
+        raise TypeError(
+            "EtcdStore(): argument 'endpoints' must be a str ('host:port,host:port') or a list "
+            f"of str, not {type(endpoints).__name__}"
+        )
+    if not items or any(not e for e in items):
+        raise ValueError(
+            f"EtcdStore(): argument 'endpoints' must name at least one host:port, got {endpoints!r}"
+        )
+    return items
+
+
+def _optional_path(name: str, value: object) -> Optional[str]:
+    if value is None:
+        return None
+    if isinstance(value, (str, os.PathLike)):
+        return os.fspath(value)  # type: ignore[arg-type]
+    raise TypeError(f"EtcdStore(): argument '{name}' must be a path, not {type(value).__name__}")
+
+
+def _optional_str(name: str, value: object) -> Optional[str]:
+    if value is None or isinstance(value, str):
+        return value
+    raise TypeError(f"EtcdStore(): argument '{name}' must be str, not {type(value).__name__}")
+
+
+class EtcdStore(_NativeBackedStore):
+    """A store on an etcd cluster (etcd's v3 API), usable wherever torch takes a store.
+
+    Args:
+        endpoints: the members, as ``"host:port,host:port"`` or a list of ``host:port`` (or
+            ``http://`` / ``https://`` URLs).
+        prefix: the job's prefix: every key lives under ``prefix/`` in etcd, so jobs sharing a
+            cluster never see each other's keys, and :meth:`purge` removes a finished job.
+        timeout: default timeout of blocking calls (``get``, ``wait``, ...) and the deadline of
+            every other call (a zero timeout waits forever, other calls then get 300 s).
+        username, password: etcd auth, when the cluster has it enabled.
+        ca_file: PEM bundle of the CA that signed the members' certificates (turns on TLS).
+        cert_file, key_file: a client certificate and its key, for clusters that require one.
+        tls_domain: the name to check the members' certificates against, if not the host.
+
+    Raises:
+        DistNetworkError: no member could be reached before ``timeout``.
+        ValueError: an empty endpoint list, a TLS file that cannot be read, a refused login.
+
+    Example::
+
+        >>> store = ferrodist.EtcdStore("127.0.0.1:2379", "job-42")
+        >>> store.set("k", "v")
+        >>> store.get("k")
+        b'v'
+        >>> store.purge()  # once the job is done
+    """
+
+    def __init__(
+        self,
+        endpoints: Union[str, Sequence[str]],
+        prefix: str = "ferrodist",
+        timeout: timedelta = timedelta(seconds=300),
+        *,
+        username: Optional[str] = None,
+        password: Optional[str] = None,
+        ca_file: Optional[_PathLike] = None,
+        cert_file: Optional[_PathLike] = None,
+        key_file: Optional[_PathLike] = None,
+        tls_domain: Optional[str] = None,
+    ) -> None:
+        if not isinstance(prefix, str):
+            raise TypeError(
+                f"EtcdStore(): argument 'prefix' must be str, not {type(prefix).__name__}"
+            )
+        if not isinstance(timeout, timedelta):
+            raise TypeError(
+                f"EtcdStore(): argument 'timeout' must be timedelta, not {type(timeout).__name__}"
+            )
+        handle = _native.etcd_store(
+            _endpoints(endpoints),
+            prefix,
+            timeout,
+            _optional_str("username", username),
+            _optional_str("password", password),
+            _optional_path("ca_file", ca_file),
+            _optional_path("cert_file", cert_file),
+            _optional_path("key_file", key_file),
+            _optional_str("tls_domain", tls_domain),
+        )
+        self._adopt(handle)
+
+    def _adopt(self, handle: _native.EtcdStoreHandle) -> None:
+        super().__init__(handle.store())
+        self._handle = handle
+
+    @property
+    def prefix(self) -> str:
+        """The job prefix every key lives under."""
+        return self._handle.prefix
+
+    @property
+    def endpoints(self) -> list[str]:
+        """The members, as given."""
+        return self._handle.endpoints
+
+    def purge(self) -> int:
+        """Deletes every key of the job from etcd (values, queues, bookkeeping) and returns how
+        many etcd keys went. Call it once the job is over; etcd keeps keys until deleted."""
+        return self._handle.purge()
+
+    def clone(self) -> EtcdStore:
+        """A new handle on the same store and connection, with its own timeout."""
+        store = EtcdStore.__new__(EtcdStore)
+        _NativeBackedStore.__init__(store, self._native.clone())
+        store._handle = self._handle
+        return store
+
+    def __repr__(self) -> str:
+        return f"ferrodist.EtcdStore(endpoints={self.endpoints!r}, prefix={self.prefix!r})"

@@ -1,0 +1,483 @@
+//! `EtcdStore`: a torch store whose state lives in an etcd cluster (v3 API).
+//!
+//! Why etcd: a TCPStore lives in one process (rank 0 or `ferrodist-store`); when that host dies
+//! the job's store dies with it. An etcd cluster of three or five members survives the loss of
+//! any minority, keeps every acknowledged write, and is often already there (Kubernetes).
+//!
+//! How torch's semantics map onto etcd (`layout.rs` has the key names):
+//!
+//! * `set`, `multi_set`: puts (`multi_set` as transactions, so each batch lands at once).
+//! * `add`, `compare_set`, `append`, `delete_key`, queue push and pop: one compare-and-swap
+//!   transaction each, exactly once even across lost replies (`rmw.rs`).
+//! * `get`, `wait`, `multi_get`, blocking `queue_pop`: a read, then a watch from that read's
+//!   revision (`watch.rs`); no polling and no lost wake-up.
+//! * Where torch's stores disagree, this one answers as torch's `HashStore` (one shared map
+//!   with no internal keys): `add` on an empty value counts from 0, `num_keys` counts the user's
+//!   keys, `barrier` is torch's add-and-wait fallback.
+//!
+//! Every call has a deadline: waits their timeout, everything else the store timeout (but at
+//! least 5 s, enough to ride out an election; 300 s when the store timeout is zero), retrying
+//! through elections (`retry.rs`). The async work runs on the process's one runtime; these
+//! methods block the calling thread. A finished job's keys go with [`EtcdStore::purge`].
+
+mod layout;
+mod options;
+mod queue;
+mod retry;
+mod rmw;
+mod watch;
+
+use std::mem::ManuallyDrop;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use etcd_client::{Client, DeleteOptions, GetOptions, Txn, TxnOp, TxnOpResponse};
+
+pub use layout::Layout;
+pub use options::{EtcdOptions, TlsFiles};
+
+use self::retry::retrying;
+use self::rmw::{Change, Receipts};
+use self::watch::MAX_TXN_OPS;
+use super::{parse_counter, same_length, Deadline, Store, DEFAULT_TIMEOUT};
+use crate::error::{Error, Result};
+use crate::runtime::runtime;
+
+/// What every handle of one store shares: the connection and the receipt slots.
+struct Shared {
+    /// The gRPC connection. Its tasks run on the runtime of the process that made it; a forked
+    /// child has that memory but not those threads, so there it is never used nor dropped
+    /// (dropping it would poke the parent's runtime): see [`Shared::usable`] and `Drop`.
+    client: ManuallyDrop<Client>,
+    /// The process that connected.
+    pid: u32,
+    receipts: Receipts,
+    endpoints: Vec<String>,
+}
+
+impl Shared {
+    /// An error in a forked child: its parent's connection cannot serve it.
+    fn usable(&self) -> Result<()> {
+        if self.pid == std::process::id() {
+            return Ok(());
+        }
+        Err(Error::Store(format!(
+            "this EtcdStore was connected in process {} and cannot be used after fork; \
+             make a new EtcdStore in the child",
+            self.pid
+        )))
+    }
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        if self.pid == std::process::id() {
+            // SAFETY: dropped once, here, and never used again.
+            unsafe { ManuallyDrop::drop(&mut self.client) };
+        }
+        // In a forked child the connection is leaked on purpose (see the field).
+    }
+}
+
+/// A [`Store`] on an etcd cluster; cheap to clone (clones share the connection).
+pub struct EtcdStore {
+    shared: Arc<Shared>,
+    layout: Layout,
+    timeout: Arc<Mutex<Duration>>,
+}
+
+impl EtcdStore {
+    /// Connects to the cluster named by `options`, within its timeout.
+    pub fn connect(options: &EtcdOptions) -> Result<Self> {
+        options.validate()?;
+        let connect_within = if options.timeout.is_zero() {
+            DEFAULT_TIMEOUT
+        } else {
+            options.timeout
+        };
+        let deadline = Deadline::after(connect_within);
+        let client = runtime().block_on(options.connect(deadline))?;
+        Ok(EtcdStore {
+            shared: Arc::new(Shared {
+                client: ManuallyDrop::new(client),
+                pid: std::process::id(),
+                receipts: Receipts::new(),
+                endpoints: options.endpoints.clone(),
+            }),
+            layout: Layout::new(&options.prefix),
+            timeout: Arc::new(Mutex::new(options.timeout)),
+        })
+    }
+
+    /// The job prefix every key lives under.
+    pub fn prefix(&self) -> &str {
+        self.layout.prefix()
+    }
+
+    /// The endpoints the store was given.
+    pub fn endpoints(&self) -> &[String] {
+        &self.shared.endpoints
+    }
+
+    /// Removes every key of the job (values, queues, receipts); returns how many etcd keys
+    /// went. Call it once the job is done: etcd keeps keys until they are deleted.
+    pub fn purge(&self) -> Result<i64> {
+        let job = self.layout.job();
+        self.call("purge", |mut kv| {
+            let job = job.clone();
+            async move {
+                let deleted = kv
+                    .delete(job, Some(DeleteOptions::new().with_prefix()))
+                    .await?;
+                Ok(Ok(deleted.deleted()))
+            }
+        })
+    }
+
+    /// Deadline of a call that does not wait for other ranks.
+    fn call_deadline(&self) -> Deadline {
+        Deadline::after(bounded(self.timeout()))
+    }
+
+    /// Runs a retried etcd call under the call deadline, blocking this thread.
+    fn call<T, F, Fut>(&self, what: &str, attempt: F) -> Result<T>
+    where
+        F: Fn(etcd_client::KvClient) -> Fut,
+        Fut: std::future::Future<Output = std::result::Result<Result<T>, etcd_client::Error>>,
+    {
+        self.shared.usable()?;
+        let kv = self.shared.client.kv_client();
+        runtime().block_on(retrying(what, self.call_deadline(), || attempt(kv.clone())))
+    }
+
+    /// Exactly-once read-modify-write of one etcd key under the call deadline.
+    fn update(
+        &self,
+        what: &str,
+        key: Vec<u8>,
+        change: impl Fn(Option<&[u8]>) -> Result<Change>,
+    ) -> Result<Vec<u8>> {
+        self.shared.usable()?;
+        let deadline = self.call_deadline();
+        runtime().block_on(self.read_modify_write(what, key, deadline, change))
+    }
+
+    /// The value of etcd key `key`, if any.
+    fn read(&self, what: &str, key: Vec<u8>) -> Result<Option<Vec<u8>>> {
+        self.call(what, |mut kv| {
+            let key = key.clone();
+            async move {
+                let found = kv.get(key, None).await?;
+                Ok(Ok(found.kvs().first().map(|kv| kv.value().to_vec())))
+            }
+        })
+    }
+
+    /// `wait`, running `gap` once between the read that finds a key missing and the watch
+    /// that follows it. For tests: a write landed in that gap must still end the wait.
+    pub fn wait_with_gap(
+        &self,
+        keys: &[String],
+        timeout: Duration,
+        gap: impl std::future::Future<Output = ()>,
+    ) -> Result<()> {
+        self.bounded_wait(self.until_present_with(keys, gap), keys, timeout, "wait")
+    }
+
+    /// Waits until every key is present or `timeout` (zero: never) passes.
+    fn present(&self, keys: &[String], timeout: Duration, op: &str) -> Result<()> {
+        self.bounded_wait(self.until_present(keys), keys, timeout, op)
+    }
+
+    /// Runs `waiting` until it ends or `timeout` (zero: never) passes.
+    fn bounded_wait(
+        &self,
+        waiting: impl std::future::Future<Output = Result<()>>,
+        keys: &[String],
+        timeout: Duration,
+        op: &str,
+    ) -> Result<()> {
+        self.shared.usable()?;
+        let outcome = runtime().block_on(async {
+            if timeout.is_zero() {
+                return Some(waiting.await);
+            }
+            tokio::time::timeout(timeout, waiting).await.ok()
+        });
+        if let Some(done) = outcome {
+            return done;
+        }
+        // A timeout shorter than one etcd round trip (tests use milliseconds) must not fail a
+        // wait whose keys are all there: only a wait that finds a key missing times out.
+        match self.still_missing(keys) {
+            missing if missing.is_empty() => Ok(()),
+            missing => Err(Error::wait_timeout(op, timeout, &missing)),
+        }
+    }
+
+    /// The keys of `keys` missing now, for a timeout message (all of them if etcd cannot say).
+    fn still_missing(&self, keys: &[String]) -> Vec<String> {
+        let check =
+            async { tokio::time::timeout(SHORTEST_CALL_DEADLINE, self.missing_since(keys)).await };
+        match runtime().block_on(check) {
+            Ok(Ok(missing)) => keys
+                .iter()
+                .zip(missing)
+                .filter(|(_, m)| m.is_some())
+                .map(|(k, _)| k.clone())
+                .collect(),
+            _ => keys.to_vec(),
+        }
+    }
+
+    /// Values of `keys` read in one snapshot per [`MAX_TXN_OPS`] keys; `None` for a missing one.
+    fn snapshot(&self, keys: &[String]) -> Result<Vec<Option<Vec<u8>>>> {
+        let mut out = Vec::with_capacity(keys.len());
+        for chunk in keys.chunks(MAX_TXN_OPS) {
+            let lookups: Vec<TxnOp> = chunk
+                .iter()
+                .map(|k| TxnOp::get(self.layout.value(k), None))
+                .collect();
+            let values = self.call("multi_get", |mut kv| {
+                let txn = Txn::new().and_then(lookups.clone());
+                async move {
+                    let response = kv.txn(txn).await?;
+                    let values = response.op_responses().into_iter().map(|r| match r {
+                        TxnOpResponse::Get(get) => get.kvs().first().map(|kv| kv.value().to_vec()),
+                        _ => None,
+                    });
+                    Ok(Ok(values.collect::<Vec<_>>()))
+                }
+            })?;
+            out.extend(values);
+        }
+        Ok(out)
+    }
+}
+
+/// Shortest deadline of a call that does not wait for other ranks: long enough to ride out an
+/// etcd leader election (about a second) and a retry. A store timeout shorter than this (tests
+/// use milliseconds, for waits) must not make a plain `set` fail while the cluster elects.
+const SHORTEST_CALL_DEADLINE: Duration = Duration::from_secs(5);
+
+/// A call's deadline: the store timeout, at least [`SHORTEST_CALL_DEADLINE`], and torch's
+/// default when the timeout is zero ("no timeout" is for waits on other ranks, not for a put to
+/// a cluster that is gone).
+fn bounded(timeout: Duration) -> Duration {
+    if timeout.is_zero() {
+        DEFAULT_TIMEOUT
+    } else {
+        timeout.max(SHORTEST_CALL_DEADLINE)
+    }
+}
+
+fn counter(key: &str, value: Option<&[u8]>) -> Result<i64> {
+    match value {
+        None | Some(b"") => Ok(0),
+        Some(value) => parse_counter(key, value),
+    }
+}
+
+impl Store for EtcdStore {
+    fn set(&self, key: &str, value: &[u8]) -> Result<()> {
+        let (key, value) = (self.layout.value(key), value.to_vec());
+        self.call("set", |mut kv| {
+            let (key, value) = (key.clone(), value.clone());
+            async move { kv.put(key, value, None).await.map(|_| Ok(())) }
+        })
+    }
+
+    fn get_timeout(&self, key: &str, timeout: Duration) -> Result<Vec<u8>> {
+        let deadline = Deadline::after(timeout);
+        let keys = [key.to_owned()];
+        loop {
+            if let Some(value) = self.read("get", self.layout.value(key))? {
+                return Ok(value);
+            }
+            let left = match deadline.remaining() {
+                Some(left) if left.is_zero() => {
+                    return Err(Error::wait_timeout("get", timeout, &keys))
+                }
+                Some(left) => left,
+                None => Duration::ZERO,
+            };
+            self.present(&keys, left, "get").map_err(|err| match err {
+                Error::Timeout { op, detail, .. } => Error::Timeout {
+                    op,
+                    after: timeout,
+                    detail,
+                },
+                other => other,
+            })?;
+        }
+    }
+
+    fn add(&self, key: &str, amount: i64) -> Result<i64> {
+        let sum = self.update("add", self.layout.value(key), |current| {
+            let sum = counter(key, current)?.wrapping_add(amount).to_string();
+            Ok(Change::Put(sum.clone().into_bytes(), sum.into_bytes()))
+        })?;
+        parse_counter(key, &sum)
+    }
+
+    fn compare_set(&self, key: &str, expected: &[u8], desired: &[u8]) -> Result<Vec<u8>> {
+        self.update("compare_set", self.layout.value(key), |current| {
+            Ok(match current {
+                None if expected.is_empty() => Change::Put(desired.to_vec(), desired.to_vec()),
+                None => Change::Keep(expected.to_vec()),
+                Some(now) if now == expected => Change::Put(desired.to_vec(), desired.to_vec()),
+                Some(now) => Change::Keep(now.to_vec()),
+            })
+        })
+    }
+
+    fn check(&self, keys: &[String]) -> Result<bool> {
+        let missing = self.call("check", |_| async {
+            self.missing_since(keys).await.map(Ok)
+        })?;
+        Ok(missing.iter().all(Option::is_none))
+    }
+
+    fn wait(&self, keys: &[String], timeout: Option<Duration>) -> Result<()> {
+        self.present(keys, timeout.unwrap_or_else(|| self.timeout()), "wait")
+    }
+
+    fn delete_key(&self, key: &str) -> Result<bool> {
+        let existed = self.update("delete_key", self.layout.value(key), |current| {
+            Ok(match current {
+                None => Change::Keep(b"0".to_vec()),
+                Some(_) => Change::Delete(b"1".to_vec()),
+            })
+        })?;
+        Ok(existed == b"1")
+    }
+
+    fn num_keys(&self) -> Result<i64> {
+        let values = self.layout.values();
+        self.call("num_keys", |mut kv| {
+            let options = GetOptions::new().with_prefix().with_count_only();
+            let values = values.clone();
+            async move { Ok(Ok(kv.get(values, Some(options)).await?.count())) }
+        })
+    }
+
+    fn timeout(&self) -> Duration {
+        *self.timeout.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn set_timeout(&self, timeout: Duration) {
+        *self.timeout.lock().unwrap_or_else(|p| p.into_inner()) = timeout;
+    }
+
+    fn clone_store(&self) -> Result<Arc<dyn Store>> {
+        Ok(Arc::new(EtcdStore {
+            shared: Arc::clone(&self.shared),
+            layout: self.layout.clone(),
+            timeout: Arc::new(Mutex::new(self.timeout())),
+        }))
+    }
+
+    fn has_extended_api(&self) -> bool {
+        true
+    }
+
+    fn append(&self, key: &str, value: &[u8]) -> Result<()> {
+        self.update("append", self.layout.value(key), |current| {
+            let mut joined = current.unwrap_or_default().to_vec();
+            joined.extend_from_slice(value);
+            Ok(Change::Put(joined, Vec::new()))
+        })
+        .map(drop)
+    }
+
+    fn multi_get(&self, keys: &[String]) -> Result<Vec<Vec<u8>>> {
+        let timeout = self.timeout();
+        let deadline = Deadline::after(timeout);
+        loop {
+            let values = self.snapshot(keys)?;
+            if values.iter().all(Option::is_some) {
+                return Ok(values.into_iter().flatten().collect());
+            }
+            let left = deadline.remaining().unwrap_or(Duration::ZERO);
+            if deadline.expired() {
+                return Err(Error::wait_timeout("multi_get", timeout, keys));
+            }
+            self.present(keys, left, "multi_get")?;
+        }
+    }
+
+    fn multi_set(&self, keys: &[String], values: &[Vec<u8>]) -> Result<()> {
+        same_length(keys, values)?;
+        let pairs: Vec<(&String, &Vec<u8>)> = keys.iter().zip(values).collect();
+        for chunk in pairs.chunks(MAX_TXN_OPS) {
+            let puts: Vec<TxnOp> = chunk
+                .iter()
+                .map(|(k, v)| TxnOp::put(self.layout.value(k), v.to_vec(), None))
+                .collect();
+            self.call("multi_set", |mut kv| {
+                let txn = Txn::new().and_then(puts.clone());
+                async move { kv.txn(txn).await.map(|_| Ok(())) }
+            })?;
+        }
+        Ok(())
+    }
+
+    fn queue_push(&self, key: &str, value: &[u8]) -> Result<()> {
+        self.update("queue_push", self.layout.queue(key), |current| {
+            let grown = queue::pushed(current.unwrap_or_default(), value)?;
+            Ok(Change::Put(grown, Vec::new()))
+        })
+        .map(drop)
+    }
+
+    fn queue_pop(&self, key: &str, block: bool) -> Result<Vec<u8>> {
+        if block {
+            return self.queue_pop_timeout(key, self.timeout());
+        }
+        self.update(
+            "queue_pop",
+            self.layout.queue(key),
+            |current| match queue::popped(current.unwrap_or_default())? {
+                None => Err(Error::QueueEmpty),
+                Some((front, rest)) if rest.is_empty() => Ok(Change::Delete(front)),
+                Some((front, rest)) => Ok(Change::Put(rest, front)),
+            },
+        )
+    }
+
+    fn queue_len(&self, key: &str) -> Result<i64> {
+        let value = self.read("queue_len", self.layout.queue(key))?;
+        queue::len(&value.unwrap_or_default())
+    }
+
+    fn list_keys(&self) -> Result<Vec<String>> {
+        let values = self.layout.values();
+        let etcd_keys = self.call("list_keys", |mut kv| {
+            let options = GetOptions::new().with_prefix().with_keys_only();
+            let values = values.clone();
+            async move {
+                let found = kv.get(values, Some(options)).await?;
+                Ok(Ok(found
+                    .kvs()
+                    .iter()
+                    .map(|kv| kv.key().to_vec())
+                    .collect::<Vec<_>>()))
+            }
+        })?;
+        Ok(etcd_keys
+            .iter()
+            .filter_map(|k| self.layout.user_key(k))
+            .collect())
+    }
+
+    /// A write may take 5 s (an election) even when the store timeout is shorter.
+    fn bounds_writes(&self) -> bool {
+        false
+    }
+
+    /// Waits run as one call each: a watch costs a round trip to set up, so cutting a long
+    /// wait into 100 ms slices (for Ctrl-C checks) would set one up ten times a second.
+    fn sliceable_waits(&self) -> bool {
+        false
+    }
+}
