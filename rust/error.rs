@@ -117,4 +117,17 @@ impl Error {
     pub fn is_timeout(&self) -> bool {
         matches!(self, Error::Timeout { .. })
     }
+
+    /// A [`Error::Timeout`] of one slice of a longer wait, reported with the whole wait's
+    /// `timeout` (what the caller asked for); any other error unchanged.
+    pub fn with_whole_timeout(self, timeout: Duration) -> Self {
+        match self {
+            Error::Timeout { op, detail, .. } => Error::Timeout {
+                op,
+                after: timeout,
+                detail,
+            },
+            other => other,
+        }
+    }
 }

@@ -186,14 +186,8 @@ pub trait Store: Send + Sync {
                 }
                 left => left.unwrap_or(Duration::ZERO),
             };
-            self.wait(&keys, Some(left)).map_err(|err| match err {
-                Error::Timeout { op, detail, .. } => Error::Timeout {
-                    op,
-                    after: timeout,
-                    detail,
-                },
-                other => other,
-            })?;
+            self.wait(&keys, Some(left))
+                .map_err(|err| err.with_whole_timeout(timeout))?;
             match self.queue_pop(key, false) {
                 Err(Error::QueueEmpty) => continue,
                 popped => return popped,

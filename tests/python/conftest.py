@@ -10,6 +10,7 @@ from collections.abc import Iterator
 import etcd_support
 import pytest
 import torch
+import torch.distributed as dist
 from etcd_support import EtcdCluster
 from torch.torch_version import TorchVersion
 
@@ -53,3 +54,16 @@ def etcd_cluster() -> Iterator[EtcdCluster]:
 def etcd_prefix(request: pytest.FixtureRequest) -> str:
     """A job prefix no other test uses."""
     return f"test-{os.getpid()}-{next(_PREFIXES)}-{request.node.name}"
+
+
+@pytest.fixture
+def nccl_world() -> Iterator[None]:
+    """A one-rank NCCL default group on GPU 0 (for tests marked ``gpu``)."""
+    free = socket.socket()
+    with free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    torch.cuda.set_device(0)
+    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    yield None
+    dist.destroy_process_group()

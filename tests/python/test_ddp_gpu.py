@@ -8,26 +8,13 @@ way it runs on torch's: it reads ``_has_rebuilt_buckets`` and the GradBucket met
 from __future__ import annotations
 
 import copy
-import socket
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
 from ferrodist.algorithms.ddp_comm_hooks import default_hooks
 from ferrodist.nn import DistributedDataParallel as FerroDDP
-
-
-@pytest.fixture
-def nccl_world() -> object:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    torch.cuda.set_device(0)
-    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
-    yield None
-    dist.destroy_process_group()
 
 
 def _model() -> torch.nn.Module:

@@ -8,28 +8,15 @@ that runs at world 1, with and without mixed precision and ``use_orig_params``.
 from __future__ import annotations
 
 import copy
-import socket
 from typing import Any
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch.distributed.fsdp import FullyShardedDataParallel as TorchFSDP
 from torch.distributed.fsdp import MixedPrecision, ShardingStrategy, StateDictType
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
 from ferrodist.fsdp import FullyShardedDataParallel as FerroFSDP
-
-
-@pytest.fixture
-def nccl_world() -> Any:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    torch.cuda.set_device(0)
-    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
-    yield None
-    dist.destroy_process_group()
 
 
 def _model() -> torch.nn.Module:

@@ -301,14 +301,8 @@ impl Store for EtcdStore {
                 Some(left) => left,
                 None => Duration::ZERO,
             };
-            self.present(&keys, left, "get").map_err(|err| match err {
-                Error::Timeout { op, detail, .. } => Error::Timeout {
-                    op,
-                    after: timeout,
-                    detail,
-                },
-                other => other,
-            })?;
+            self.present(&keys, left, "get")
+                .map_err(|err| err.with_whole_timeout(timeout))?;
         }
     }
 
