@@ -29,6 +29,7 @@ import ferrodist
 from ferrodist import _rendezvous
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "python"))
+from bench_stores import _rate  # the same op-rate loop as the other store benches
 from etcd_support import EtcdCluster, etcd_cluster
 
 TIMEOUT = timedelta(seconds=120)
@@ -56,17 +57,6 @@ def _ops(store: tdist.Store) -> dict[str, Callable[[int], None]]:
             store.check([KEYS[i % 64]])
 
     return {"set": sets, "get": gets, "add": adds, "check": checks}
-
-
-def _rate(loop: Callable[[int], None], seconds: float) -> float:
-    n = 16
-    while True:
-        start = time.perf_counter()
-        loop(n)
-        took = time.perf_counter() - start
-        if took >= seconds:
-            return n / took
-        n = max(n * 2, int(n * seconds / max(took, 1e-6)))
 
 
 def _time_rendezvous(

@@ -7,7 +7,7 @@ use std::io::Write;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use common::{frames, is_closed, raw, read_n, start_server_with};
+use common::{eventually, frames, is_closed, raw, read_n, start_server_with};
 use ferrodist::error::Error;
 use ferrodist::store::Deadline;
 use ferrodist::tcp::auth::{AuthToken, ADMITTED, CHALLENGE_LEN, FERRODIST_PONG_AUTH, REFUSED};
@@ -49,15 +49,6 @@ fn set_then_get(client: &mut Client, key: &str) -> Bytes {
     client
         .call_value(deadline(), &Request::Get { key })
         .unwrap()
-}
-
-/// Waits until `cond` holds (the server counts a refusal when the connection's task ends).
-fn eventually(what: &str, cond: impl Fn() -> bool) {
-    let until = Instant::now() + Duration::from_secs(10);
-    while !cond() {
-        assert!(Instant::now() < until, "never: {what}");
-        std::thread::sleep(Duration::from_millis(5));
-    }
 }
 
 #[test]

@@ -8,7 +8,7 @@ use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use common::{frames, is_closed, raw, raw_ferrodist, read_n, start_server_with};
+use common::{eventually, frames, is_closed, raw, raw_ferrodist, read_n, start_server_with};
 use ferrodist::tcp::codec::Request;
 use ferrodist::tcp::{Server, ServerConfig};
 
@@ -45,14 +45,6 @@ fn sample(text: &str, name: &str) -> f64 {
     text.lines()
         .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
         .unwrap_or_else(|| panic!("{name} missing in\n{text}"))
-}
-
-fn eventually(what: &str, cond: impl Fn() -> bool) {
-    let until = Instant::now() + Duration::from_secs(10);
-    while !cond() {
-        assert!(Instant::now() < until, "never: {what}");
-        std::thread::sleep(Duration::from_millis(5));
-    }
 }
 
 #[test]

@@ -6,7 +6,7 @@ pub mod etcd;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
 use ferrodist::tcp::codec::{Request, FERRODIST_PING, FERRODIST_PONG, VALIDATE_MAGIC};
@@ -80,5 +80,15 @@ pub fn is_closed(mut stream: &TcpStream) -> bool {
             e.kind(),
             std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
         ),
+    }
+}
+
+/// Waits until `cond` holds, for at most 10 s (a server counts a connection's end, a refusal,
+/// once that connection's task has finished).
+pub fn eventually(what: &str, cond: impl Fn() -> bool) {
+    let until = Instant::now() + Duration::from_secs(10);
+    while !cond() {
+        assert!(Instant::now() < until, "never: {what}");
+        std::thread::sleep(Duration::from_millis(5));
     }
 }
