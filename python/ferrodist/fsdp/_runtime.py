@@ -30,6 +30,7 @@ from torch.autograd import Variable
 from torch.distributed.fsdp import ShardingStrategy
 
 from ._collectives import reduce_scatter_flat
+from ._overlap import step_unit
 
 if TYPE_CHECKING:
     from ._flat import FlatHandle
@@ -190,6 +191,8 @@ def _post_backward_hook(unit: FullyShardedDataParallel, handle: FlatHandle, *_: 
         _reduce_unsharded(unit, handle)
     if handle.use_orig_params:
         handle.use_sharded_grad_views()
+    if unit._overlapped_optim is not None:
+        step_unit(unit, handle)
 
 
 @torch.no_grad()

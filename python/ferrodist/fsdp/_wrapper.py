@@ -141,6 +141,7 @@ class FullyShardedDataParallel(nn.Module):
         self._post_backward_hook: Optional[tuple[Any, Any]] = None
         self._comm_hook: Optional[Callable[..., Any]] = None
         self._comm_hook_state: Any = None
+        self._overlapped_optim: Any = None
         self._state_dict_type = StateDictType.FULL_STATE_DICT
         self._state_dict_config: StateDictConfig = _state_dict.default_config(
             StateDictType.FULL_STATE_DICT
@@ -241,6 +242,16 @@ class FullyShardedDataParallel(nn.Module):
                 raise AssertionError("A communication hook is already registered")
             unit._comm_hook = hook
             unit._comm_hook_state = state
+
+    def _register_overlapped_optim(self, hook_state: Any) -> None:
+        """Step ``hook_state``'s functional optimizer on each unit right after its gradient
+        is reduced (``_OverlappedStandardOptimizer.register_fsdp``); on the root, once."""
+        if not self.check_is_root():
+            raise AssertionError("an overlapped optimizer can only be registered on the root.")
+        for unit in self.fsdp_modules(self):
+            if unit._overlapped_optim is not None:
+                raise AssertionError("An overlapped optimizer is already registered")
+            unit._overlapped_optim = hook_state
 
     # ----- full parameters -----
 

@@ -3,7 +3,8 @@
 ``register_overlapped(optim_cls)`` maps an optimizer class to an :class:`OverlappedOptimizer`
 implementation; :func:`_as_overlapped_optim` finds the closest one along the class's MRO and
 falls back to :class:`_OverlappedStandardOptimizer`, which steps a functional optimizer in DDP's
-communication hook. Works with any DDP exposing ``register_comm_hook`` (torch's or ferrodist's).
+communication hook. Works with any DDP exposing ``register_comm_hook`` (torch's or ferrodist's),
+and with ferrodist's FSDP (each unit stepped right after its reduce-scatter).
 """
 
 from __future__ import annotations
@@ -89,8 +90,15 @@ class _OverlappedStandardOptimizer(OverlappedOptimizer):
         )
 
     def register_fsdp(self, fsdp: Any) -> None:
-        """Not supported (as in torch)."""
-        raise NotImplementedError(f"{self.__class__.__name__} does not support overlapped FSDP.")
+        """Step each unit of ferrodist's FSDP as soon as its gradient is reduced (torch's
+        raises ``NotImplementedError``; so does this for torch's own FSDP)."""
+        from ferrodist.fsdp import FullyShardedDataParallel
+
+        if not isinstance(fsdp, FullyShardedDataParallel):
+            raise NotImplementedError(
+                f"{self.__class__.__name__} does not support overlapped FSDP."
+            )
+        fsdp._register_overlapped_optim(self._opt_hook_state)
 
 
 def _as_overlapped_optim(optim_cls: type, params: Any, *args: Any, **kwargs: Any) -> Any:
