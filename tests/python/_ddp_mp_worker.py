@@ -11,11 +11,11 @@ steps on the full-precision weights. Every scenario prints ``RESULT name PASS`` 
 from __future__ import annotations
 
 import sys
-import traceback
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
+from _scenario_world import run_scenarios
 from torch.nn.parallel.distributed import _MixedPrecision
 
 from ferrodist.nn import DistributedDataParallel as DDP
@@ -182,24 +182,8 @@ SCENARIOS = {
 }
 
 
-def main(rank: int, world: int, port: int, only: Optional[str] = None) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
-    )
-    try:
-        for name, fn in SCENARIOS.items():
-            if only and name != only:
-                continue
-            try:
-                fn()
-                print(f"RESULT {name} PASS", flush=True)
-            except Exception as e:  # reported to the test, which fails on it
-                why = " ".join(traceback.format_exception_only(type(e), e)).strip()
-                print(f"RESULT {name} FAIL {why}", flush=True)
-            dist.barrier()
-    finally:
-        dist.destroy_process_group()
+def main(rank: int, world: int, port: int) -> None:
+    run_scenarios(rank, world, port, SCENARIOS)
 
 
 if __name__ == "__main__":

@@ -10,11 +10,12 @@ bit-identical (and differ from the start). Prints ``RESULT name PASS|FAIL why`` 
 from __future__ import annotations
 
 import copy
+import functools
 import sys
-import traceback
 
 import torch
 import torch.distributed as dist
+from _scenario_world import run_scenarios
 from torch.distributed.fsdp import ShardingStrategy, StateDictType
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
@@ -81,21 +82,8 @@ def run(strategy: ShardingStrategy, orig: bool) -> None:
 
 
 def main(rank: int, world: int, port: int) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
-    )
-    try:
-        for name, (strategy, orig) in CONFIGS.items():
-            try:
-                run(strategy, orig)
-                print(f"RESULT {name} PASS", flush=True)
-            except Exception as e:  # reported to the test, which fails on it
-                why = " ".join(traceback.format_exception_only(type(e), e)).strip()
-                print(f"RESULT {name} FAIL {why}", flush=True)
-            dist.barrier()
-    finally:
-        dist.destroy_process_group()
+    scenarios = {name: functools.partial(run, *config) for name, config in CONFIGS.items()}
+    run_scenarios(rank, world, port, scenarios)
 
 
 if __name__ == "__main__":

@@ -8,35 +8,17 @@ several optimizer steps, buffers, ``no_sync`` accumulation, unused parameters an
 
 from __future__ import annotations
 
-import os
-import socket
-
 import pytest
 from _ddp_mp_worker import SCENARIOS
-from _procs import finish, spawn
+from _scenario_world import scenario_results
 
 WORLD = 2
-HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 @pytest.fixture(scope="module")
 def results() -> dict[str, list[str]]:
     """Run every scenario once in one world; ``{scenario: [outcome per rank]}``."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    code = f"import sys; sys.path.insert(0, {HERE!r}); import _ddp_mp_worker as w; " + (
-        "w.main(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]))"
-    )
-    procs = [spawn(code, str(r), str(WORLD), str(port)) for r in range(WORLD)]
-    outputs = finish(procs, timeout=180)
-    out: dict[str, list[str]] = {name: [] for name in SCENARIOS}
-    for text in outputs:
-        for line in text.splitlines():
-            if line.startswith("RESULT "):
-                _, name, outcome = line.split(" ", 2)
-                out[name].append(outcome)
-    return out
+    return scenario_results("_ddp_mp_worker", list(SCENARIOS), WORLD)
 
 
 @pytest.mark.parametrize("scenario", sorted(SCENARIOS))

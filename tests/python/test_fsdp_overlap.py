@@ -4,37 +4,20 @@ backward; torch's own FSDP is still refused with torch's ``NotImplementedError``
 
 from __future__ import annotations
 
-import os
-import socket
-
 import pytest
 import torch
 from _fsdp_overlap_worker import CONFIGS
-from _procs import finish, spawn
+from _scenario_world import scenario_results
 
 from ferrodist.algorithms._optimizer_overlap.optimizer_overlap import _as_overlapped_optim
 
 WORLD = 2
-HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 @pytest.fixture(scope="module")
 def results() -> dict[str, list[str]]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    code = (
-        f"import sys; sys.path.insert(0, {HERE!r}); import _fsdp_overlap_worker as w; "
-        "w.main(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]))"
-    )
-    outputs = finish([spawn(code, str(r), str(WORLD), str(port)) for r in range(WORLD)], 180)
-    out: dict[str, list[str]] = {name: [] for name in CONFIGS}
-    for text in outputs:
-        for line in text.splitlines():
-            if line.startswith("RESULT "):
-                _, name, outcome = line.split(" ", 2)
-                out[name].append(outcome)
-    return out
+    """Run every scenario once in one world; ``{scenario: [outcome per rank]}``."""
+    return scenario_results("_fsdp_overlap_worker", list(CONFIGS), WORLD)
 
 
 @pytest.mark.slow
