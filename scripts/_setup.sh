@@ -7,8 +7,9 @@
 #     profiles keep the builds from invalidating each other, so with nothing changed both are
 #     no-ops (about 1.5 s in all);
 #  3. PYTHONPATH and PATH pointing at this checkout, so several checkouts can share one venv.
-#  4. before all that, system packages from Debian where missing: `protoc` (protobuf-compiler),
-#     which the etcd-client crate's build script runs, and `etcd` (etcd-server), which the
+#  4. before all that, system packages from Debian where missing: `protoc` (protobuf-compiler)
+#     and its well-known .proto files (libprotobuf-dev), which the etcd-client crate's build
+#     script runs, and `etcd` (etcd-server), which the
 #     EtcdStore tests start as 3-member clusters on free loopback ports.
 # Nothing is installed into the venv: `pip install .` does that (README, Install).
 set -euo pipefail
@@ -16,6 +17,9 @@ REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 
 missing_debs=()
 command -v protoc >/dev/null 2>&1 || missing_debs+=(protobuf-compiler)
+# protoc's well-known types (google/protobuf/descriptor.proto, ...) come with libprotobuf-dev,
+# only a recommendation of protobuf-compiler, so --no-install-recommends leaves them out.
+[ -f /usr/include/google/protobuf/descriptor.proto ] || missing_debs+=(libprotobuf-dev)
 command -v etcd >/dev/null 2>&1 || missing_debs+=(etcd-server)
 if [ ${#missing_debs[@]} -gt 0 ]; then
   echo "== installing ${missing_debs[*]} (apt-get)"
