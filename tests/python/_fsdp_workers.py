@@ -14,8 +14,8 @@ from typing import Any, Callable, Optional
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.fsdp import CPUOffload, OptimStateKeyType, ShardingStrategy
 from torch.distributed.fsdp import FullyShardedDataParallel as TorchFSDP
-from torch.distributed.fsdp import OptimStateKeyType, ShardingStrategy
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
 from ferrodist.fsdp import FullyShardedDataParallel as FerroFSDP
@@ -136,23 +136,52 @@ def check_parity(rank: int, world: int, configs: list[tuple[str, bool, bool, str
         assert [n for n, _ in theirs.named_buffers()] == [n for n, _ in ours.named_buffers()], tag
         for (name, p), (_, q) in zip(theirs.named_parameters(), ours.named_parameters()):
             assert p.shape == q.shape and torch.equal(p, q), (tag, name)
-        assert_same_state(theirs.state_dict(), ours.state_dict(), tag + " initial")
-        make_optim = OPTIMIZERS[optim_name]
-        theirs_optim = make_optim(theirs.parameters())
-        ours_optim = make_optim(ours.parameters())
-        theirs_losses = train(theirs, theirs_optim, rank, STEPS)
-        ours_losses = train(ours, ours_optim, rank, STEPS)
-        for step, (a, b) in enumerate(zip(theirs_losses, ours_losses)):
-            assert torch.equal(a, b), (tag, step, a.item(), b.item())
-        assert_same_state(theirs.state_dict(), ours.state_dict(), tag)
-        for (name, p), (_, q) in zip(theirs.named_parameters(), ours.named_parameters()):
-            assert torch.equal(p, q), (tag, name)
-        theirs_state = theirs_optim.state_dict()["state"]
-        ours_state = ours_optim.state_dict()["state"]
-        assert sorted(theirs_state) == sorted(ours_state), tag
-        for index, entry in theirs_state.items():
-            for key, value in entry.items():
-                assert torch.equal(value, ours_state[index][key]), (tag, index, key)
+        assert_trained_alike(theirs, ours, rank, optim_name, tag)
+    dist.barrier()
+
+
+def assert_trained_alike(
+    theirs: nn.Module, ours: nn.Module, rank: int, optim_name: str, tag: str
+) -> None:
+    """Train both the same way: losses, state dicts, parameters, optimizer states bitwise."""
+    assert_same_state(theirs.state_dict(), ours.state_dict(), tag + " initial")
+    make_optim = OPTIMIZERS[optim_name]
+    theirs_optim = make_optim(theirs.parameters())
+    ours_optim = make_optim(ours.parameters())
+    theirs_losses = train(theirs, theirs_optim, rank, STEPS)
+    ours_losses = train(ours, ours_optim, rank, STEPS)
+    for step, (a, b) in enumerate(zip(theirs_losses, ours_losses)):
+        assert torch.equal(a, b), (tag, step, a.item(), b.item())
+    assert_same_state(theirs.state_dict(), ours.state_dict(), tag)
+    for (name, p), (_, q) in zip(theirs.named_parameters(), ours.named_parameters()):
+        assert torch.equal(p, q), (tag, name)
+    theirs_state = theirs_optim.state_dict()["state"]
+    ours_state = ours_optim.state_dict()["state"]
+    assert sorted(theirs_state) == sorted(ours_state), tag
+    for index, entry in theirs_state.items():
+        for key, value in entry.items():
+            assert torch.equal(value, ours_state[index][key]), (tag, index, key)
+
+
+def check_cpu_offload(rank: int, world: int) -> None:
+    """``CPUOffload(offload_params=True)`` on a CPU-only machine, where torch's needs CUDA:
+    ferrodist's trains to exactly the numbers of torch's FSDP without offload."""
+    for strategy_name, use_orig_params in [
+        ("FULL_SHARD", False),
+        ("SHARD_GRAD_OP", True),
+        ("NO_SHARD", True),
+    ]:
+        kwargs: dict[str, Any] = dict(
+            sharding_strategy=ShardingStrategy[strategy_name],
+            use_orig_params=use_orig_params,
+            device_id=CPU,
+            auto_wrap_policy=ModuleWrapPolicy({Block, nn.Linear}),
+        )
+        theirs = TorchFSDP(make_model(), **kwargs)
+        ours = FerroFSDP(make_model(), cpu_offload=CPUOffload(offload_params=True), **kwargs)
+        assert ours.cpu_offload.offload_params
+        tag = f"offload {strategy_name} orig={use_orig_params} w{world}"
+        assert_trained_alike(theirs, ours, rank, "adam", tag)
     dist.barrier()
 
 
@@ -187,6 +216,7 @@ def run_world(rank: int, world: int, tmp: str, load_from: Optional[int] = None) 
             check_options_and_errors(rank, world)
             check_mixed_precision(rank, world)
             check_local_state_dict(rank, world)
+            check_cpu_offload(rank, world)
         if world == 4:
             check_device_mesh(rank, world)
         check_state_dict_interop(rank, world, tmp, load_from)

@@ -1,8 +1,9 @@
 """ferrodist's FSDP on CUDA with NCCL (one process, one GPU); skipped where there is no GPU.
 
 torch's FSDP and ferrodist's train the same model from the same seed on the same NCCL group;
-losses, the full state dict and the optimizer state must be bit-identical, for every strategy
-that runs at world 1, with and without mixed precision and ``use_orig_params``.
+losses and the full state dict must be bit-identical, for every strategy that runs at world 1,
+with and without mixed precision, ``use_orig_params`` and ``CPUOffload(offload_params=True)``
+(where the shards, their gradients and the optimizer state must stay on the host).
 """
 
 from __future__ import annotations
@@ -12,8 +13,8 @@ from typing import Any
 
 import pytest
 import torch
+from torch.distributed.fsdp import CPUOffload, MixedPrecision, ShardingStrategy, StateDictType
 from torch.distributed.fsdp import FullyShardedDataParallel as TorchFSDP
-from torch.distributed.fsdp import MixedPrecision, ShardingStrategy, StateDictType
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
 from ferrodist.fsdp import FullyShardedDataParallel as FerroFSDP
@@ -27,14 +28,15 @@ def _model() -> torch.nn.Module:
 
 
 @pytest.mark.gpu
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(300)
 @pytest.mark.parametrize("strategy", ["FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD"])
 @pytest.mark.parametrize("use_orig_params", [False, True])
 @pytest.mark.parametrize("mixed", [None, torch.bfloat16])
+@pytest.mark.parametrize("offload", [False, True])
 def test_cuda_fsdp_matches_torch(
-    nccl_world: Any, strategy: str, use_orig_params: bool, mixed: Any
+    nccl_world: Any, strategy: str, use_orig_params: bool, mixed: Any, offload: bool
 ) -> None:
-    base = _model()
+    base = _model().cpu()  # device_id moves it, as torch's does
     results = {}
     for kind, cls in (("torch", TorchFSDP), ("ferrodist", FerroFSDP)):
         fsdp = cls(
@@ -43,17 +45,31 @@ def test_cuda_fsdp_matches_torch(
             auto_wrap_policy=ModuleWrapPolicy({torch.nn.Linear}),
             mixed_precision=None if mixed is None else MixedPrecision(param_dtype=mixed),
             use_orig_params=use_orig_params,
+            cpu_offload=CPUOffload(offload_params=offload),
             device_id=torch.cuda.current_device(),
         )
         opt = torch.optim.Adam(fsdp.parameters(), lr=1e-2)
         g = torch.Generator().manual_seed(1)
         losses = []
         for _ in range(3):
-            loss = fsdp(torch.randn(8, 32, generator=g).cuda()).float().square().mean()
+            # A CPU batch: the root moves its inputs to the compute device.
+            loss = fsdp(torch.randn(8, 32, generator=g)).float().square().mean()
             loss.backward()
+            if offload:
+                # Sharded parameters, their gradients and the optimizer step stay on the host.
+                assert all(p.device.type == "cpu" for p in fsdp.parameters()), kind
+                assert all(
+                    p.grad is None or p.grad.device.type == "cpu" for p in fsdp.parameters()
+                ), kind
+            fsdp.clip_grad_norm_(1.0)
             opt.step()
             opt.zero_grad()
             losses.append(loss.detach().cpu())
+        if offload:
+            for entry in opt.state.values():
+                assert all(
+                    v.device.type == "cpu" for v in entry.values() if isinstance(v, torch.Tensor)
+                ), kind
         with cls.state_dict_type(fsdp, StateDictType.FULL_STATE_DICT):
             state = {k: v.detach().cpu() for k, v in fsdp.state_dict().items()}
         results[kind] = (losses, state)

@@ -144,6 +144,35 @@ def sync_module_states(
             dist.broadcast(buffer, src=source, group=group)
 
 
+def compute_device(
+    module: nn.Module, device_id: Optional[Union[int, torch.device]], ignored: set[nn.Parameter]
+) -> torch.device:
+    """Where the unit computes: ``device_id`` (an int names a CUDA device, as in torch), else
+    the device of the module's (non-ignored) parameters, else the CPU."""
+    if device_id is not None:
+        device = torch.device("cuda", device_id) if isinstance(device_id, int) else device_id
+        device = torch.device(device)
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        return device
+    for param in module.parameters():
+        if param not in ignored and param.device.type != "meta":
+            return param.device
+    return torch.device("cpu")
+
+
+def move_to_device(module: nn.Module, device: torch.device, ignored: set[nn.Parameter]) -> None:
+    """Move the module's CPU parameters and buffers to the compute device (ignored ones stay);
+    parameters already on another accelerator are the user's mistake and fail later."""
+    for sub in module.modules():
+        for param in sub._parameters.values():
+            if param is not None and param not in ignored and param.device.type == "cpu":
+                param.data = param.data.to(device)
+        for name, buffer in sub._buffers.items():
+            if buffer is not None and buffer.device.type == "cpu":
+                sub._buffers[name] = buffer.to(device)
+
+
 def make_handle(
     module: nn.Module,
     ignored: set[nn.Parameter],
@@ -151,6 +180,7 @@ def make_handle(
     strategy: ShardingStrategy,
     use_orig_params: bool,
     precision: MixedPrecision,
+    offload_params: bool = False,
 ) -> Optional[FlatHandle]:
     """The flat parameter of every not-yet-flattened parameter in ``module``'s tree."""
     slots: list[ParamSlot] = []
@@ -196,6 +226,7 @@ def make_handle(
         precision.param_dtype,
         precision.reduce_dtype,
         precision.keep_low_precision_grads,
+        offload_params,
     )
     for param in params:
         setattr(param, FLATTENED, True)

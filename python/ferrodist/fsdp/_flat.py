@@ -60,6 +60,7 @@ class FlatHandle:
         param_dtype: Optional[torch.dtype] = None,
         reduce_dtype: Optional[torch.dtype] = None,
         keep_low_precision_grads: bool = False,
+        offload_params: bool = False,
     ) -> None:
         self.slots = slots
         self.orig_params = params
@@ -98,17 +99,23 @@ class FlatHandle:
                 local = F.pad(local, [0, pad])
         else:
             local = flat
+        # The compute device is where the parameters were built; with CPU offload the shard
+        # (what the optimizer steps) lives on the host, pinned so the copies can overlap.
+        self.device = local.device
+        self.offload_params = offload_params
+        if offload_params and local.device.type != "cpu":
+            local = local.cpu().pin_memory()
         self.local_shard: torch.Tensor = local
         self.flat_param = nn.Parameter(local, requires_grad=requires_grad)
         self.padded_unsharded = torch.empty(
-            self.layout.padded_unsharded_numel, dtype=self.compute_dtype, device=local.device
+            self.layout.padded_unsharded_numel, dtype=self.compute_dtype, device=self.device
         )
         self._free(self.padded_unsharded)
         # Mixed precision: summon_full_params and state dicts gather the full-precision shards.
         self.padded_full_precision = torch.empty(
             self.layout.padded_unsharded_numel if self.mixed_params else 0,
             dtype=dtype,
-            device=local.device,
+            device=self.device,
         )
         self._free(self.padded_full_precision)
         self._unsharded = not sharded
@@ -163,19 +170,28 @@ class FlatHandle:
         """
         low = self.mixed_params and not full_precision
         if not self.sharded:
-            self.flat_param.data = (
-                self.local_shard.to(self.compute_dtype) if low else self.local_shard
-            )
+            self.flat_param.data = self._shard_on_device(low)
             return
         buffer = (
             self.padded_unsharded if not self.mixed_params or low else self.padded_full_precision
         )
         if buffer.untyped_storage().size() == 0:
             self._alloc(buffer)
-            source = self.local_shard.to(self.compute_dtype) if low else self.local_shard
-            all_gather_flat(buffer, source, group=self.group)
+            all_gather_flat(buffer, self._shard_on_device(low), group=self.group)
         self.flat_param.data = buffer[: self.layout.flat_numel]
         self._unsharded = True
+
+    def _shard_on_device(self, low_precision: bool) -> torch.Tensor:
+        """The local shard on the compute device (copied from the host under CPU offload),
+        in the compute dtype when ``low_precision``: moved first, then cast, as torch does."""
+        shard = self.local_shard.to(self.device, non_blocking=True)
+        return shard.to(self.compute_dtype) if low_precision else shard
+
+    def offload_grad(self, grad: torch.Tensor) -> torch.Tensor:
+        """A reduced gradient where the optimizer steps: on the host under CPU offload."""
+        if self.offload_params and grad.device != self.local_shard.device:
+            return grad.to(self.local_shard.device)
+        return grad
 
     def reshard(self, free: bool) -> None:
         """Point ``flat_param`` back at the shard; with ``free``, drop the unsharded storage."""
@@ -189,8 +205,14 @@ class FlatHandle:
 
     def write_back_unsharded(self) -> None:
         """Copy this rank's range of the unsharded buffer into its shard (after edits to it)."""
+        if not self.sharded:
+            # NO_SHARD under CPU offload computes on a device copy of the host shard.
+            if self.flat_param.data.data_ptr() != self.local_shard.data_ptr():
+                with torch.no_grad():
+                    self.local_shard.copy_(self.flat_param.data)
+            return
         buffer = self.padded_full_precision if self.mixed_params else self.padded_unsharded
-        if not self.sharded or buffer.untyped_storage().size() == 0:
+        if buffer.untyped_storage().size() == 0:
             return
         start = self.rank * self.layout.shard_numel
         with torch.no_grad():

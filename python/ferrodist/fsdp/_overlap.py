@@ -38,7 +38,8 @@ def step_unit(unit: FullyShardedDataParallel, handle: FlatHandle) -> None:
 def _params_and_grads(handle: FlatHandle) -> list[tuple[torch.Tensor, Any]]:
     """What the optimizer sees: the flat shard, or each original parameter's shard."""
     flat = handle.flat_param
-    grad = handle.saved_grad_shard if handle.sharded else flat.grad
+    saved = handle.saved_grad_shard
+    grad = saved if handle.sharded or saved is not None else flat.grad
     if not handle.use_orig_params:
         return [(flat, grad)]
     handle.use_sharded_grad_views()

@@ -148,7 +148,10 @@ def _prepare_gradient_for_backward(handle: FlatHandle) -> None:
     unsharded gradient; the new reduced shard is added to it (gradient accumulation)."""
     flat = handle.flat_param
     grad = flat.grad
-    if grad is not None and grad.size() != torch.Size([handle.layout.flat_numel]):
+    unsharded = torch.Size([handle.layout.flat_numel])
+    # A shard's gradient, or (CPU offload) any gradient on the host, cannot take autograd's
+    # accumulation into the device-side unsharded gradient.
+    if grad is not None and (grad.size() != unsharded or grad.device != flat.device):
         if grad.size() == handle.local_shard.size():
             handle.saved_grad_shard = grad.data
         flat.grad = None
@@ -232,6 +235,7 @@ def _reduce_sharded(unit: FullyShardedDataParallel, handle: FlatHandle) -> None:
         hook(unit._comm_hook_state, padded, shard)
     if shard.dtype != handle.flat_param.dtype and unit._comm_hook is None:
         shard.data = shard.data.to(handle.flat_param.dtype)
+    shard = handle.offload_grad(shard)
     if handle.saved_grad_shard is not None:
         handle.saved_grad_shard += shard
     else:
@@ -250,6 +254,13 @@ def _reduce_unsharded(unit: FullyShardedDataParallel, handle: FlatHandle) -> Non
         hook(unit._comm_hook_state, grad)
     if not handle.keep_low_precision_grads and grad.dtype != handle.flat_param.dtype:
         grad.data = grad.data.to(handle.flat_param.dtype)
+    if handle.offload_params:
+        # The optimizer steps the host copy: the reduced gradient joins any kept from an
+        # earlier backward there (torch's offload overwrites it instead).
+        host = handle.offload_grad(grad)
+        handle.flat_param.grad = None
+        saved = handle.saved_grad_shard
+        handle.saved_grad_shard = host if saved is None else saved.add_(host)
 
 
 def _final_callback(root: FullyShardedDataParallel) -> None:
@@ -262,6 +273,8 @@ def _final_callback(root: FullyShardedDataParallel) -> None:
             continue
         if handle.sharded and handle.is_unsharded:
             _reshard(unit, handle, free=True)
+        elif handle.offload_params and handle.flat_param.device != handle.local_shard.device:
+            _reshard(unit, handle, free=True)  # NO_SHARD unit whose gradient never came
         if unit._post_backward_hook is not None:
             unit._post_backward_hook[1].remove()
             unit._post_backward_hook = None
@@ -285,19 +298,33 @@ def lazy_init_root(root: FullyShardedDataParallel) -> None:
     cast_buffers(root)
 
 
+def _map_tensors(fn: Any, obj: Any) -> Any:
+    if isinstance(obj, torch.Tensor):
+        return fn(obj)
+    if isinstance(obj, tuple):
+        return tuple(_map_tensors(fn, item) for item in obj)
+    if isinstance(obj, list):
+        return [_map_tensors(fn, item) for item in obj]
+    if isinstance(obj, dict):
+        return {key: _map_tensors(fn, item) for key, item in obj.items()}
+    return obj
+
+
 def cast_inputs(dtype: Optional[torch.dtype], obj: Any) -> Any:
     """``obj`` with every floating-point tensor cast to ``dtype`` (torch's input casting)."""
     if dtype is None:
         return obj
-    if isinstance(obj, torch.Tensor):
-        return obj.to(dtype) if torch.is_floating_point(obj) and obj.dtype != dtype else obj
-    if isinstance(obj, tuple):
-        return tuple(cast_inputs(dtype, item) for item in obj)
-    if isinstance(obj, list):
-        return [cast_inputs(dtype, item) for item in obj]
-    if isinstance(obj, dict):
-        return {key: cast_inputs(dtype, item) for key, item in obj.items()}
-    return obj
+    return _map_tensors(
+        lambda t: t.to(dtype) if torch.is_floating_point(t) and t.dtype != dtype else t, obj
+    )
+
+
+def move_inputs(device: torch.device, obj: Any) -> Any:
+    """``obj`` with every tensor on the compute device: the root moves its inputs there, as
+    torch's does, so a CPU batch feeds a GPU (or CPU-offloaded) model unchanged."""
+    if device.type == "cpu":
+        return obj
+    return _map_tensors(lambda t: t.to(device, non_blocking=True), obj)
 
 
 def cast_buffers(root: FullyShardedDataParallel) -> None:

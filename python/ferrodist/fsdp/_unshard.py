@@ -121,19 +121,26 @@ def _unshard_grad(handle: FlatHandle) -> Optional[torch.Tensor]:
     flat = handle.flat_param
     saved = flat.grad
     if not handle.sharded:
+        if saved is not None and saved.device != flat.device:
+            flat.grad = saved.to(flat.device)  # NO_SHARD under CPU offload
         return saved
     shard = saved if saved is not None else torch.zeros_like(handle.local_shard)
-    full = torch.empty(handle.layout.padded_unsharded_numel, dtype=shard.dtype)
-    all_gather_flat(full, shard.contiguous(), group=handle.group)
+    full = torch.empty(
+        handle.layout.padded_unsharded_numel, dtype=shard.dtype, device=handle.device
+    )
+    all_gather_flat(full, shard.to(handle.device).contiguous(), group=handle.group)
     flat.grad = full[: handle.layout.flat_numel]
     return saved
 
 
-def _grad_norm(grads: list[torch.Tensor], norm_type: float) -> torch.Tensor:
+def _grad_norm(grads: list[torch.Tensor], norm_type: float, device: torch.device) -> torch.Tensor:
+    """The norm of ``grads`` where they are, moved to the compute device for the all-reduce
+    (CPU-offloaded gradients live on the host)."""
     if not grads:
-        return torch.tensor(0.0, dtype=torch.float32)
+        return torch.tensor(0.0, dtype=torch.float32, device=device)
     norms = [torch.linalg.vector_norm(g.detach(), norm_type, dtype=torch.float32) for g in grads]
-    return torch.linalg.vector_norm(torch.stack(norms), norm_type, dtype=torch.float32)
+    total = torch.linalg.vector_norm(torch.stack(norms), norm_type, dtype=torch.float32)
+    return total.to(device)
 
 
 def clip_grad_norm(
@@ -170,9 +177,10 @@ def clip_grad_norm(
             nonsharded.append(param)
             if param.grad is not None:
                 grads.append(param.grad)
-    local_sharded = _grad_norm([p.grad for p in sharded if p.grad is not None], norm_type)
+    device = root.compute_device
+    local_sharded = _grad_norm([p.grad for p in sharded if p.grad is not None], norm_type, device)
     local_nonsharded = (
-        _grad_norm([p.grad for p in nonsharded if p.grad is not None], norm_type)
+        _grad_norm([p.grad for p in nonsharded if p.grad is not None], norm_type, device)
         if nonsharded
         else None
     )

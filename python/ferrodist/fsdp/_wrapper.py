@@ -93,10 +93,9 @@ class FullyShardedDataParallel(nn.Module):
         self._predivide = _runtime.predivide_factor(data_parallel)
         self._postdivide = data_parallel / self._predivide
         ignored = _construct.ignored_params(module, ignored_modules, ignored_states)
-        if device_id is not None:
-            device = torch.device(device_id) if not isinstance(device_id, int) else None
-            if device is not None and device.type != "cpu":
-                module = module.to(device)
+        self.compute_device = _construct.compute_device(module, device_id, ignored)
+        if self.compute_device.type != "cpu":
+            _construct.move_to_device(module, self.compute_device, ignored)
         if param_init_fn is not None and any(p.is_meta for p in module.parameters()):
             param_init_fn(module)
         if auto_wrap_policy is not None:
@@ -125,7 +124,13 @@ class FullyShardedDataParallel(nn.Module):
             _construct.sync_module_states(module, self._group, ignored)
         self._fsdp_wrapped_module = module
         self._handle = _construct.make_handle(
-            module, ignored, self._group, strategy, use_orig_params, self.mixed_precision
+            module,
+            ignored,
+            self._group,
+            strategy,
+            use_orig_params,
+            self.mixed_precision,
+            self.cpu_offload.offload_params,
         )
         if self._handle is not None and not use_orig_params:
             module.register_parameter(FLAT, self._handle.flat_param)
@@ -175,6 +180,7 @@ class FullyShardedDataParallel(nn.Module):
         precision = self.mixed_precision
         if self._is_root:
             _runtime.root_pre_forward(self)
+            args, kwargs = _runtime.move_inputs(self.compute_device, (args, kwargs))
             if precision.cast_root_forward_inputs:
                 args, kwargs = _runtime.cast_inputs(precision.param_dtype, (args, kwargs))
         if precision.cast_forward_inputs:
