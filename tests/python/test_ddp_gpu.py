@@ -103,3 +103,42 @@ def test_cuda_mixed_precision_matches_torch(nccl_world: object, reduce_dtype: ob
     for a, b in zip(final["torch"], final["ferrodist"]):
         assert a.dtype == b.dtype == torch.float32
         assert torch.equal(a, b)
+
+
+def _gloo_cuda_worker(rank: int, world: int, init_file: str) -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    try:
+        torch.cuda.set_device(0)
+        base = _model()
+        final = {}
+        for kind, cls in (("torch", TorchDDP), ("ferrodist", FerroDDP)):
+            net = copy.deepcopy(base)
+            ddp = cls(net, device_ids=[0], bucket_cap_mb=0.01)
+            opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+            g = torch.Generator().manual_seed(10 + rank)
+            for _ in range(3):
+                ddp(torch.randn(8, 32, generator=g).cuda()).square().mean().backward()
+                opt.step()
+                opt.zero_grad()
+            final[kind] = [p.detach().cpu() for p in net.parameters()]
+        for a, b in zip(final["torch"], final["ferrodist"]):
+            assert torch.equal(a, b), f"rank {rank}: parameters differ from torch's DDP"
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(180)
+def test_two_processes_drive_cuda_tensors_over_gloo(tmp_path: object) -> None:
+    """One GPU, two ranks: gloo reduces the CUDA gradients; every parameter is torch's."""
+    import torch.multiprocessing as mp
+
+    mp.start_processes(
+        _gloo_cuda_worker,
+        args=(2, f"{tmp_path}/init"),
+        nprocs=2,
+        join=True,
+        start_method="spawn",
+    )
