@@ -99,8 +99,11 @@ class ManyTensors(nn.Module):
         return self.blocks(x)
 
 
-def build(name: str, quick: bool) -> tuple[nn.Module, type[nn.Module], Callable[[int], Any]]:
-    """(model, the block class to wrap, batch(step) -> (input, loss_fn))."""
+def build(
+    name: str, quick: bool, device: str = "cpu"
+) -> tuple[nn.Module, type[nn.Module], Callable[[int], Any]]:
+    """(model, the block class to wrap, batch(step) -> (input, loss_fn)), batches on
+    ``device``."""
     torch.manual_seed(0)
     if name == "transformer":
         vocab, dim, layers, heads, seq, batch = (
@@ -110,7 +113,7 @@ def build(name: str, quick: bool) -> tuple[nn.Module, type[nn.Module], Callable[
 
         def data(step: int) -> Any:
             g = torch.Generator().manual_seed(step)
-            tokens = torch.randint(0, vocab, (batch, seq + 1), generator=g)
+            tokens = torch.randint(0, vocab, (batch, seq + 1), generator=g).to(device)
             return tokens[:, :-1], lambda out: nn.functional.cross_entropy(
                 out.reshape(-1, vocab), tokens[:, 1:].reshape(-1)
             )
@@ -120,7 +123,7 @@ def build(name: str, quick: bool) -> tuple[nn.Module, type[nn.Module], Callable[
     model = ManyTensors(blocks, 16, 20)
 
     def data(step: int) -> Any:
-        x = torch.randn(32, 16, generator=torch.Generator().manual_seed(step))
+        x = torch.randn(32, 16, generator=torch.Generator().manual_seed(step)).to(device)
         return x, lambda out: out.square().mean()
 
     return model, SmallBlock, data

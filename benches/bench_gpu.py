@@ -70,7 +70,7 @@ def variants(block: type[nn.Module]) -> dict[str, dict[str, Callable[[nn.Module]
 
 def _step(model: nn.Module, optim: torch.optim.Optimizer, data: Any, step: int) -> None:
     x, loss_fn = data(step)
-    loss_fn(model(x.cuda())).backward()
+    loss_fn(model(x)).backward()
     optim.step()
     optim.zero_grad(set_to_none=False)
 
@@ -81,7 +81,7 @@ def measure(name: str, args: argparse.Namespace) -> list[tuple[str, str, dict[st
     for variant, impls in variants(block).items():
         steppers = {}
         for kind, wrap in impls.items():
-            model, _, data = build(name, args.quick)
+            model, _, data = build(name, args.quick, "cuda")
             wrapped = wrap(model)
             optim = torch.optim.Adam(wrapped.parameters(), lr=1e-4)
             steppers[kind] = functools.partial(_step, wrapped, optim, data)
