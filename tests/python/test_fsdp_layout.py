@@ -198,6 +198,15 @@ for use_orig_params in (False, True):
     assert layout.flat_numel == flat.numel()
     infos = tuple(ShardParamInfo(*i) for i in flat._shard_param_infos)
     assert layout.unsharded_param_infos() == infos, (layout, infos)
+    # ferrodist's FSDP clamps to NO_SHARD at world 1 too, with torch's warning.
+    from ferrodist.fsdp import FullyShardedDataParallel as Ours
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(5, 3), nn.ReLU(), nn.Linear(3, 7, bias=False))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ours = Ours(model, device_id=torch.device("cpu"), use_orig_params=use_orig_params)
+    assert any("switching to use `NO_SHARD`" in str(w.message) for w in caught)
+    assert ours.sharding_strategy == fsdp.sharding_strategy, ours.sharding_strategy
     print("checked", use_orig_params, layout.numels_with_padding)
 dist.destroy_process_group()
 """
@@ -205,7 +214,7 @@ dist.destroy_process_group()
 
 def test_torch_fsdp_on_one_process_group_matches(tmp_path: Path) -> None:
     """torch's FSDP itself (world 1, so NO_SHARD) lays out a real model as planned, with and
-    without ``use_orig_params``. In its own process: a process group made in pytest's process
+    without ``use_orig_params``, and ferrodist's clamps to NO_SHARD as torch's does. In its own process: a process group made in pytest's process
     leaves state that hangs the forked worlds of later tests."""
     (out,) = finish([spawn(_ONE_PROCESS_FSDP, str(tmp_path / "pg"))], timeout=120)
     assert "checked False" in out and "checked True" in out, out

@@ -7,6 +7,7 @@ which parameters a unit flattens and in what order); the class keeps the runtime
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterable
 from typing import Any, Optional, Union
 
@@ -142,6 +143,19 @@ def sync_module_states(
                 dist.broadcast(param.data, src=source, group=group)
         for buffer in module.buffers():
             dist.broadcast(buffer, src=source, group=group)
+
+
+def strategy_for_world(strategy: ShardingStrategy, world_size: int) -> ShardingStrategy:
+    """torch's clamp: a shard group of one rank runs NO_SHARD (with torch's warning). Hybrid
+    strategies keep theirs: torch clamps them too and then skips the replicate group's
+    all-reduce, so ranks on different nodes would stop averaging gradients."""
+    if world_size != 1 or strategy in HYBRID or strategy == ShardingStrategy.NO_SHARD:
+        return strategy
+    warnings.warn(
+        f"FSDP is switching to use `NO_SHARD` instead of {strategy} since the world size is 1.",
+        stacklevel=4,
+    )
+    return ShardingStrategy.NO_SHARD
 
 
 def compute_device(

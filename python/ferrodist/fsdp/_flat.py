@@ -103,6 +103,8 @@ class FlatHandle:
         # (what the optimizer steps) lives on the host, pinned so the copies can overlap.
         self.device = local.device
         self.offload_params = offload_params
+        self._cpu_grad: Optional[torch.Tensor] = None
+        self._offload_in_flight = False
         if offload_params and local.device.type != "cpu":
             local = local.cpu().pin_memory()
         self.local_shard: torch.Tensor = local
@@ -188,10 +190,29 @@ class FlatHandle:
         return shard.to(self.compute_dtype) if low_precision else shard
 
     def offload_grad(self, grad: torch.Tensor) -> torch.Tensor:
-        """A reduced gradient where the optimizer steps: on the host under CPU offload."""
-        if self.offload_params and grad.device != self.local_shard.device:
+        """A reduced gradient where the optimizer steps: on the host under CPU offload.
+
+        The copy goes asynchronously into a pinned buffer reused step after step (what torch
+        does too); ``wait_for_offload`` must run before anything reads it. A gradient kept from
+        an earlier backward may be that very buffer, so accumulation takes a fresh copy.
+        """
+        if not self.offload_params or grad.device == self.local_shard.device:
+            return grad
+        if self.saved_grad_shard is not None:
             return grad.to(self.local_shard.device)
-        return grad
+        host = self._cpu_grad
+        if host is None or host.shape != grad.shape or host.dtype != grad.dtype:
+            host = torch.empty(grad.shape, dtype=grad.dtype, pin_memory=True)
+            self._cpu_grad = host
+        host.copy_(grad, non_blocking=True)
+        self._offload_in_flight = True
+        return host
+
+    def wait_for_offload(self) -> None:
+        """Block until the asynchronous gradient copies to the host have landed."""
+        if self._offload_in_flight:
+            torch.cuda.current_stream(self.device).synchronize()
+            self._offload_in_flight = False
 
     def reshard(self, free: bool) -> None:
         """Point ``flat_param`` back at the shard; with ``free``, drop the unsharded storage."""

@@ -27,6 +27,7 @@ def step_unit(unit: FullyShardedDataParallel, handle: FlatHandle) -> None:
     if state is None:
         return
     optimizer = state.functional_optimizer
+    handle.wait_for_offload()
     only = getattr(state, "params_to_optimize", None)
     for param, grad in _params_and_grads(handle):
         if grad is None or param.numel() == 0:

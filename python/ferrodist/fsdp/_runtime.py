@@ -271,6 +271,7 @@ def _final_callback(root: FullyShardedDataParallel) -> None:
         unit._ran_pre_backward = False
         if handle is None:
             continue
+        handle.wait_for_offload()
         if handle.sharded and handle.is_unsharded:
             _reshard(unit, handle, free=True)
         elif handle.offload_params and handle.flat_param.device != handle.local_shard.device:

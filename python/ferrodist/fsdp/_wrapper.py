@@ -87,6 +87,8 @@ class FullyShardedDataParallel(nn.Module):
         )
         self.rank = self._group.rank()
         self.world_size = self._group.size()
+        strategy = _construct.strategy_for_world(strategy, self.world_size)
+        self.sharding_strategy = strategy
         data_parallel = self.world_size * (
             self._inter_group.size() if self._inter_group is not None else 1
         )
