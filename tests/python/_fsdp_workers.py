@@ -163,6 +163,71 @@ def assert_trained_alike(
             assert torch.equal(value, ours_state[index][key]), (tag, index, key)
 
 
+class TiedModel(nn.Module):
+    """An output head sharing the embedding's weight, a buffer, and a side branch that the
+    tests hand to FSDP as an ignored module (its gradients are never reduced)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(11, 9)
+        self.blocks = nn.Sequential(Block(9), Block(9))
+        self.side = nn.Linear(9, 9)
+        self.head = nn.Linear(9, 11, bias=False)
+        self.head.weight = self.embed.weight
+        self.register_buffer("scale", torch.tensor(0.5))
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.embed(tokens) * self.scale
+        return self.head(self.blocks(x) + self.side(x))
+
+
+def check_ignored_and_shared(rank: int, world: int) -> None:
+    """Tied parameters, a buffer and an ignored module: bitwise torch's after training."""
+    for strategy_name, use_orig_params in [("FULL_SHARD", False), ("SHARD_GRAD_OP", True)]:
+        tag = f"tied+ignored {strategy_name} orig={use_orig_params} w{world}"
+        models = []
+        for cls in (TorchFSDP, FerroFSDP):
+            torch.manual_seed(0)
+            model = TiedModel()
+            models.append(
+                cls(
+                    model,
+                    sharding_strategy=ShardingStrategy[strategy_name],
+                    use_orig_params=use_orig_params,
+                    device_id=CPU,
+                    auto_wrap_policy=ModuleWrapPolicy({Block}),
+                    ignored_modules=[model.side],
+                )
+            )
+        theirs, ours = models
+        assert [n for n, _ in theirs.named_parameters()] == [
+            n for n, _ in ours.named_parameters()
+        ], tag
+        optims = [torch.optim.Adam(m.parameters(), lr=0.01) for m in models]
+        for step in range(STEPS):
+            g = torch.Generator().manual_seed(100 * step + rank)
+            tokens = torch.randint(0, 11, (5, 4), generator=g)
+            target = torch.randint(0, 11, (5, 4), generator=g)
+            losses = []
+            for model, optim in zip(models, optims):
+                out = model(tokens)
+                loss = nn.functional.cross_entropy(out.reshape(-1, 11), target.reshape(-1))
+                loss.backward()
+                optim.step()
+                optim.zero_grad()
+                losses.append(loss.detach())
+            assert torch.equal(losses[0], losses[1]), (tag, step)
+        state = theirs.state_dict()
+        assert_same_state(state, ours.state_dict(), tag)
+        assert torch.equal(state["head.weight"], state["embed.weight"]), tag
+        for (name, p), (_, q) in zip(theirs.named_parameters(), ours.named_parameters()):
+            assert torch.equal(p, q), (tag, name)
+        # Loading the FULL state dict back (tied key included) keeps the tie.
+        ours.load_state_dict(state)
+        assert_same_state(state, ours.state_dict(), tag + " reloaded")
+    dist.barrier()
+
+
 def check_cpu_offload(rank: int, world: int) -> None:
     """``CPUOffload(offload_params=True)`` on a CPU-only machine, where torch's needs CUDA:
     ferrodist's trains to exactly the numbers of torch's FSDP without offload."""
@@ -217,6 +282,7 @@ def run_world(rank: int, world: int, tmp: str, load_from: Optional[int] = None) 
             check_mixed_precision(rank, world)
             check_local_state_dict(rank, world)
             check_cpu_offload(rank, world)
+            check_ignored_and_shared(rank, world)
         if world == 4:
             check_device_mesh(rank, world)
         check_state_dict_interop(rank, world, tmp, load_from)
@@ -434,21 +500,19 @@ def check_optim_state_dicts(rank: int, world: int) -> None:
 def check_options_and_errors(rank: int, world: int) -> None:
     """Options that change no number, comm hooks, and torch's errors for bad input."""
     from torch.distributed.algorithms._comm_hooks import default_hooks
-    from torch.distributed.fsdp import BackwardPrefetch, CPUOffload
+    from torch.distributed.fsdp import BackwardPrefetch
 
-    # Prefetch settings order communication only; CPUOffload on a CPU-only machine keeps
-    # every tensor where it is. Both must leave the numbers torch's (torch without offload:
-    # its offload needs CUDA pinned memory).
+    # Prefetch settings order communication only: the numbers stay torch's. (CPUOffload on a
+    # CPU-only machine: check_cpu_offload.)
     options: list[dict[str, Any]] = [
+        dict(backward_prefetch=BackwardPrefetch.BACKWARD_PRE, forward_prefetch=True),
         dict(backward_prefetch=BackwardPrefetch.BACKWARD_POST, forward_prefetch=True),
         dict(backward_prefetch=None, limit_all_gathers=False),
-        dict(cpu_offload=CPUOffload(offload_params=True)),
     ]
     for extra in options:
         tag = f"options {extra}"
-        torch_extra = {k: v for k, v in extra.items() if k != "cpu_offload"}
         policy = ModuleWrapPolicy({Block})
-        theirs = TorchFSDP(make_model(), device_id=CPU, auto_wrap_policy=policy, **torch_extra)
+        theirs = TorchFSDP(make_model(), device_id=CPU, auto_wrap_policy=policy, **extra)
         ours = FerroFSDP(make_model(), device_id=CPU, auto_wrap_policy=policy, **extra)
         a = train(theirs, torch.optim.Adam(theirs.parameters(), lr=0.01), rank, 2)
         b = train(ours, torch.optim.Adam(ours.parameters(), lr=0.01), rank, 2)

@@ -214,8 +214,9 @@ dist.destroy_process_group()
 
 def test_torch_fsdp_on_one_process_group_matches(tmp_path: Path) -> None:
     """torch's FSDP itself (world 1, so NO_SHARD) lays out a real model as planned, with and
-    without ``use_orig_params``, and ferrodist's clamps to NO_SHARD as torch's does. In its own process: a process group made in pytest's process
-    leaves state that hangs the forked worlds of later tests."""
+    without ``use_orig_params``, and ferrodist's clamps to NO_SHARD as torch's does. In its own
+    process: a process group made in pytest's process leaves state that hangs the forked worlds
+    of later tests."""
     (out,) = finish([spawn(_ONE_PROCESS_FSDP, str(tmp_path / "pg"))], timeout=120)
     assert "checked False" in out and "checked True" in out, out
 

@@ -199,15 +199,26 @@ def make_handle(
     """The flat parameter of every not-yet-flattened parameter in ``module``'s tree."""
     slots: list[ParamSlot] = []
     params: list[nn.Parameter] = []
+    # A parameter met again under another module (tied weights) is flattened once; its other
+    # attributes become shared slots that always show the first one's view, as torch's do.
+    index_of: dict[int, int] = {}
+    shared: list[tuple[ParamSlot, int]] = []
     seen: set[int] = set()
     for prefix, sub in module.named_modules():
         for name, param in list(sub._parameters.items()):
-            if param is None or id(param) in seen or param in ignored:
+            if param is None or param in ignored:
+                continue
+            fqn = f"{prefix}.{name}" if prefix else name
+            if id(param) in index_of:
+                shared.append((ParamSlot(sub, name, fqn, param.shape), index_of[id(param)]))
+                continue
+            if id(param) in seen:
                 continue
             seen.add(id(param))
             if getattr(param, FLATTENED, False):
                 continue
-            slots.append(ParamSlot(sub, name, f"{prefix}.{name}" if prefix else name, param.shape))
+            index_of[id(param)] = len(params)
+            slots.append(ParamSlot(sub, name, fqn, param.shape))
             params.append(param)
     # Every rank must flatten the same parameters, or the all-gathers would mismatch: compare
     # names, shapes and dtypes now and name the parameter and the ranks that differ.
@@ -241,6 +252,7 @@ def make_handle(
         precision.reduce_dtype,
         precision.keep_low_precision_grads,
         offload_params,
+        shared,
     )
     for param in params:
         setattr(param, FLATTENED, True)

@@ -61,8 +61,10 @@ class FlatHandle:
         reduce_dtype: Optional[torch.dtype] = None,
         keep_low_precision_grads: bool = False,
         offload_params: bool = False,
+        shared_slots: Optional[list[tuple[ParamSlot, int]]] = None,
     ) -> None:
         self.slots = slots
+        self.shared_slots = shared_slots or []
         self.orig_params = params
         self.group = group
         self.rank = group.rank()
@@ -259,6 +261,7 @@ class FlatHandle:
         """
         with torch.enable_grad():
             views = self.unflat_views(self.flat_param)
+        shown: list[torch.Tensor] = []
         for index, (slot, view) in enumerate(zip(self.slots, views)):
             module = slot.module
             if as_params:
@@ -269,15 +272,29 @@ class FlatHandle:
                     param = nn.Parameter(view.detach(), requires_grad=self.flat_param.requires_grad)
                 module.__dict__.pop(slot.attr, None)
                 module._parameters[slot.attr] = param
+                shown.append(param)
             else:
                 module._parameters.pop(slot.attr, None)
                 module.__dict__[slot.attr] = view
+                shown.append(view)
+        for slot, primary in self.shared_slots:
+            self._show(slot, shown[primary], as_param=as_params)
+
+    @staticmethod
+    def _show(slot: ParamSlot, tensor: torch.Tensor, as_param: bool) -> None:
+        """Put ``tensor`` at ``slot``: a registered parameter, or a plain attribute."""
+        if as_param:
+            slot.module.__dict__.pop(slot.attr, None)
+            slot.module._parameters[slot.attr] = tensor  # type: ignore[assignment]
+        else:
+            slot.module._parameters.pop(slot.attr, None)
+            slot.module.__dict__[slot.attr] = tensor
 
     def hide_params(self) -> None:
         """``use_orig_params=False`` between steps: the originals are no registered parameters,
         only empty tensor attributes (so ``module.weight`` and the module's repr still work)."""
         placeholder = self.local_shard.new_empty(0)
-        for slot in self.slots:
+        for slot in self.slots + [shared for shared, _ in self.shared_slots]:
             slot.module._parameters.pop(slot.attr, None)
             slot.module.__dict__[slot.attr] = placeholder
 
@@ -298,6 +315,8 @@ class FlatHandle:
                 ]
             else:
                 param.data = empty
+        for slot, primary in self.shared_slots:
+            self._show(slot, self.orig_params[primary], as_param=True)
 
     @torch.no_grad()
     def use_sharded_grad_views(self) -> None:

@@ -165,7 +165,9 @@ def full_state_dict(
     with _unshard.summon(unit, recurse=True, writeback=False), Walking(units):
         raw = nn.Module.state_dict(unit, *args, **kwargs)
         prefix = kwargs.get("prefix", args[1] if len(args) > 1 else "")
-        param_keys = {prefix + name for name, _ in nn.Module.named_parameters(unit)}
+        param_keys = {
+            prefix + name for name, _ in nn.Module.named_parameters(unit, remove_duplicate=False)
+        }
         # Buffers mixed precision cast come back in their original dtype, as torch's do.
         buffer_dtypes = {
             prefix + name: buffer._fsdp_orig_dtype
@@ -205,7 +207,7 @@ def load_state_dict(
         raise NotImplementedError(f"ferrodist FSDP: {kind} is not implemented yet")
     units = units_under(unit)
     with _unshard.summon(unit, recurse=True, writeback=True), Walking(units):
-        names = [n for n, _ in nn.Module.named_parameters(unit)] + [
+        names = [n for n, _ in nn.Module.named_parameters(unit, remove_duplicate=False)] + [
             n for n, _ in nn.Module.named_buffers(unit)
         ]
         prefixed = {clean_name(n): n for n in names if not n.endswith(FLAT)}
