@@ -19,13 +19,14 @@ from _fsdp_workers import (
     Block,
     assert_same_local_state,
     batch,
+    hybrid_groups,
     init_world,
     make_model,
 )
 from torch import nn
 from torch.distributed._shard.sharded_tensor import ShardedTensor
 from torch.distributed.fsdp import FullyShardedDataParallel as TorchFSDP
-from torch.distributed.fsdp import StateDictType
+from torch.distributed.fsdp import ShardingStrategy, StateDictType
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
 from ferrodist.fsdp import FullyShardedDataParallel as FerroFSDP
@@ -95,7 +96,7 @@ def assert_same_losses(a: list[torch.Tensor], b: list[torch.Tensor], tag: str) -
 def check_optim_state_dicts(rank: int, world: int) -> None:
     """SHARDED and LOCAL optimizer state dicts, the deprecated names, and loading: torch's
     dict into ours and ours into torch's give what the optimizer itself holds."""
-    for orig, optim_name in CONFIGS:
+    for orig, optim_name in CONFIGS if world == 2 else ROUND_TRIP:
         tag = f"orig={orig} {optim_name} w{world}"
         theirs, ours = wrap(TorchFSDP, orig), wrap(FerroFSDP, orig)
         t_opt = OPTIMIZERS[optim_name](theirs.parameters())
@@ -144,6 +145,56 @@ def check_optim_state_dicts(rank: int, world: int) -> None:
         assert_same_values(
             names_sorted(t_new.state_dict()), names_sorted(o_new.state_dict()), tag + " after"
         )
+    dist.barrier()
+
+
+def check_strategies(rank: int, world: int) -> None:
+    """The SHARDED optimizer state dict beyond FULL_SHARD: hybrid groups (chunks over the
+    shard group), NO_SHARD (torch chunks flat states but leaves use_orig_params states whole),
+    ignored modules (plain states) and frozen parameters; each loaded crosswise."""
+    configs: list[tuple[str, bool, str, str]] = (
+        [("HYBRID_SHARD", False, "adam", ""), ("HYBRID_SHARD", True, "sgd", "")]
+        if world == 4
+        else [
+            ("NO_SHARD", False, "adam", ""),
+            ("NO_SHARD", True, "adam", ""),
+            ("SHARD_GRAD_OP", True, "adam", "ignored"),
+            ("FULL_SHARD", False, "sgd", "ignored"),
+            ("FULL_SHARD", True, "adam", "frozen"),
+        ]
+    )
+    groups = hybrid_groups(rank, world) if world == 4 else None
+    for strategy, orig, optim_name, extra in configs:
+        tag = f"{strategy} orig={orig} {optim_name} {extra} w{world}"
+        models = []
+        for cls in (TorchFSDP, FerroFSDP):
+            kwargs: dict[str, Any] = dict(sharding_strategy=ShardingStrategy[strategy])
+            if strategy.startswith("HYBRID"):
+                kwargs["process_group"] = groups
+            model = make_model()
+            if extra == "ignored":
+                kwargs["ignored_modules"] = [model[4]]
+            if extra == "frozen":
+                model[2].inner.weight.requires_grad_(False)
+            model = cls(
+                model,
+                use_orig_params=orig,
+                device_id=CPU,
+                auto_wrap_policy=ModuleWrapPolicy({Block, nn.Linear}),
+                **kwargs,
+            )
+            optim = OPTIMIZERS[optim_name]([p for p in model.parameters() if p.requires_grad])
+            models.append((model, optim, cls, train(model, optim, rank, range(2))))
+        (theirs, t_opt, _, t_losses), (ours, o_opt, _, o_losses) = models
+        assert_same_losses(t_losses, o_losses, tag)
+        with TorchFSDP.state_dict_type(theirs, SHARDED), FerroFSDP.state_dict_type(ours, SHARDED):
+            t_osd = TorchFSDP.optim_state_dict(theirs, t_opt)
+            o_osd = FerroFSDP.optim_state_dict(ours, o_opt)
+            assert_same_values(t_osd, o_osd, tag)
+            t_load = TorchFSDP.optim_state_dict_to_load(theirs, t_opt, o_osd)
+            o_load = FerroFSDP.optim_state_dict_to_load(ours, o_opt, t_osd)
+        assert_same_values(names_sorted(t_load), names_sorted(o_load), tag + " to_load")
+        assert_same_values(names_sorted(o_load), names_sorted(o_opt.state_dict()), tag + " own")
     dist.barrier()
 
 
@@ -285,10 +336,12 @@ def run_world(rank: int, world: int, tmp: str) -> None:
     try:
         if world == 4:
             check_optim_state_dicts(rank, world)
+            check_strategies(rank, world)
             check_round_trip_save(rank, world, tmp)
         else:
             if world == 2:
                 check_optim_state_dicts(rank, world)
+                check_strategies(rank, world)
                 check_local_orig_params(rank, world)
             check_round_trip_load(rank, world, tmp)
     finally:

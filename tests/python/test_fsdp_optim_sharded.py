@@ -17,7 +17,7 @@ from _fsdp_optim_sharded_workers import run_world
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(480)
 def test_sharded_optim_state_and_checkpoint_round_trip(tmp_path) -> None:
     # World 4 saves (and checks the dicts there); 2 and 3 load its checkpoints.
     for world in (4, 2, 3):

@@ -123,9 +123,11 @@ def full_optim_state_dict(
         groups.append({**{k: v for k, v in group_state.items() if k != "params"}, "params": names})
     if rank0_only and dist.get_rank() != 0:
         return {}
-    orig_params = {fqn: h.use_orig_params for h, fqns in handles for fqn in fqns}
+    orig_params = {
+        fqn: h.use_orig_params for h, fqns in handles for fqn in fqns if not _kept_as_is(h)
+    }
     names = [fqn for group in groups for fqn in group["params"] if fqn in out_state]
-    if any(orig_params.values()):
+    if any(h.use_orig_params for h, _ in handles):
         names = _orig_params_order(names, handles)
     ordered = {fqn: _torch_key_order(out_state[fqn], orig_params.get(fqn)) for fqn in names}
     return {"state": ordered, "param_groups": groups}
@@ -145,6 +147,12 @@ def _orig_params_order(names: list[str], handles: list[tuple[FlatHandle, list[st
     for fqns in units.values():
         out.extend(fqns)
     return out
+
+
+def _kept_as_is(handle: FlatHandle) -> bool:
+    """torch hands the optimizer's own entries back for ``use_orig_params`` units that are not
+    sharded (``NO_SHARD`` or a group of one): no gathering, no chunking, no reordering."""
+    return handle.use_orig_params and (not handle.sharded or handle.world_size == 1)
 
 
 def _torch_key_order(entry: dict[str, Any], orig_params: Optional[bool]) -> dict[str, Any]:

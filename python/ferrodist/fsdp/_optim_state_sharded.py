@@ -3,8 +3,9 @@
 Why this shape: torch's FSDP gives the same optimizer state dict for both non-FULL model types.
 It is keyed by original parameter names like the FULL one, and every positive-dimension state of
 a parameter FSDP manages (``exp_avg``, ``momentum_buffer``...) is a ``ShardedTensor`` cut into
-dim-0 chunks over that parameter's unit group. Scalars (``step``) and the states of parameters
-FSDP does not manage stay plain. ``torch.distributed.checkpoint`` saves such a dict and reshards
+dim-0 chunks over that parameter's unit group. Scalars (``step``), the states of parameters
+FSDP does not manage, and (torch's exception) those of ``use_orig_params`` units that are not
+sharded stay plain. ``torch.distributed.checkpoint`` saves such a dict and reshards
 it to any world size on load, so a checkpoint moves between world sizes and between torch's FSDP
 and ferrodist's. Loading gathers every ``ShardedTensor`` back into a whole tensor and cuts the
 result as the FULL path does.
@@ -62,7 +63,7 @@ def sharded_optim_state_dict(
         for key, value in list(entry.items()):
             if not isinstance(value, torch.Tensor):
                 continue
-            if handle is not None and value.dim() > 0:
+            if handle is not None and value.dim() > 0 and not _optim_state._kept_as_is(handle):
                 value = _chunk(value, handle)
             entry[key] = value.cpu() if offload_to_cpu else value
     return out
@@ -95,7 +96,11 @@ def gather(value: ShardedTensor) -> torch.Tensor:
         if mine.numel() < chunk:
             mine = F.pad(mine, [0, chunk - mine.numel()])
     else:
-        device = torch.device("cpu")
+        # No chunk here (more ranks than rows): contribute zeros on the chunks' device type.
+        placed = pieces[0][1].placement if pieces else None
+        device = placed.device() if placed is not None else torch.device("cpu")
+        if device.type == "cuda":
+            device = torch.device("cuda", torch.cuda.current_device())
         mine = torch.zeros(chunk, dtype=dtype, device=device)
     world = dist.get_world_size(group)
     gathered = mine.new_empty(chunk * world)
@@ -118,7 +123,8 @@ def gathered(model: nn.Module, osd: dict[str, Any]) -> dict[str, Any]:
 
     state = osd.get("state", {})
     order = [fqn for fqn in _managed_handles(model) if fqn in state]
-    order += [key for key in state if key not in set(order)]
+    managed = set(order)
+    order += [key for key in state if key not in managed]
     out_state: dict[Any, Any] = dict(state)
     for fqn in order:
         entry = state[fqn]
