@@ -123,10 +123,54 @@ def full_optim_state_dict(
         groups.append({**{k: v for k, v in group_state.items() if k != "params"}, "params": names})
     if rank0_only and dist.get_rank() != 0:
         return {}
-    ordered = {
-        fqn: out_state[fqn] for group in groups for fqn in group["params"] if fqn in out_state
+    orig_params = {
+        fqn: h.use_orig_params for h, fqns in handles for fqn in fqns if not _kept_as_is(h)
     }
+    names = [fqn for group in groups for fqn in group["params"] if fqn in out_state]
+    if any(h.use_orig_params for h, _ in handles):
+        names = _orig_params_order(names, handles)
+    ordered = {fqn: _torch_key_order(out_state[fqn], orig_params.get(fqn)) for fqn in names}
     return {"state": ordered, "param_groups": groups}
+
+
+def _orig_params_order(names: list[str], handles: list[tuple[FlatHandle, list[str]]]) -> list[str]:
+    """torch's entry order with ``use_orig_params``: it merges every rank's names and sorts
+    them, writes the unmanaged entries first, then each unit's entries together, units in the
+    order of their first sorted name."""
+    unit_of = {fqn: index for index, (_, fqns) in enumerate(handles) for fqn in fqns}
+    present = sorted(names)
+    out = [fqn for fqn in present if fqn not in unit_of]
+    units: dict[int, list[str]] = {}
+    for fqn in present:
+        if fqn in unit_of:
+            units.setdefault(unit_of[fqn], []).append(fqn)
+    for fqns in units.values():
+        out.extend(fqns)
+    return out
+
+
+def _kept_as_is(handle: FlatHandle) -> bool:
+    """torch hands the optimizer's own entries back for ``use_orig_params`` units that are not
+    sharded (``NO_SHARD`` or a group of one): no gathering, no chunking, no reordering."""
+    return handle.use_orig_params and (not handle.sharded or handle.world_size == 1)
+
+
+def _torch_key_order(entry: dict[str, Any], orig_params: Optional[bool]) -> dict[str, Any]:
+    """An FSDP-managed entry's state names in the order torch's FSDP writes them, each kind
+    sorted: per-element tensors, 0-dim tensors, the rest (flat parameters); with
+    ``use_orig_params`` the rest first and per-element tensors last. Unmanaged entries
+    (``orig_params`` None) keep the optimizer's order, as torch copies them."""
+    if orig_params is None:
+        return entry
+
+    def kind(value: Any) -> int:
+        if _is_per_element(value):
+            return 2 if orig_params else 0
+        if isinstance(value, torch.Tensor):
+            return 1
+        return 0 if orig_params else 2
+
+    return {k: entry[k] for k in sorted(entry, key=lambda k: (kind(entry[k]), k))}
 
 
 def _gather_unit(

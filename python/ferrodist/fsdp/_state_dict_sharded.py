@@ -1,9 +1,12 @@
 """LOCAL and SHARDED state dicts: torch's ``ShardedTensor`` formats of an FSDP tree.
 
 Why apart from FULL: both hand torch's sharded-tensor types to the caller. LOCAL is each unit's
-unpadded flat shard under ``_flat_param`` (same world size, no communication); SHARDED is the FULL
-dict with every parameter cut into dim-0 chunks, what ``torch.distributed.checkpoint`` writes and
-reshards to any world size on load (one all-gather per parameter).
+unpadded flat shard under ``_flat_param`` (same world size, no communication). With
+``use_orig_params=True`` torch also lists each original as its 1-D slice of the shard (what
+loading writes back) and reports the ``_flat_param`` keys as unexpected on load; ferrodist does
+the same. SHARDED is the FULL dict with every parameter cut into dim-0 chunks, what
+``torch.distributed.checkpoint`` writes and reshards to any world size on load (one all-gather
+per parameter).
 """
 
 from __future__ import annotations
@@ -36,11 +39,6 @@ def _flat_keys(unit: FullyShardedDataParallel, prefix: str) -> dict[str, FlatHan
                 raise RuntimeError(
                     "``local_state_dict`` can only be used when parameters are flatten and sharded."
                 )
-            if sub._handle.use_orig_params:
-                raise NotImplementedError(
-                    "ferrodist FSDP: LOCAL_STATE_DICT with use_orig_params=True is not "
-                    "implemented yet"
-                )
             keys[f"{prefix}{name + '.' if name else ''}{WRAPPED}.{FLAT}"] = sub._handle
     return keys
 
@@ -56,24 +54,46 @@ def local_state_dict(unit: FullyShardedDataParallel, *args: Any, **kwargs: Any) 
     offload = bool(getattr(unit._state_dict_config, "offload_to_cpu", False))
     with _state_dict.Walking(_state_dict.units_under(unit)):
         raw = nn.Module.state_dict(unit, *args, **kwargs)
+
+    def flat_shard(handle: FlatHandle) -> Any:
+        valid = handle.layout.shard_numel - handle.layout.shard_padding(handle.rank)
+        offset = handle.layout.shard_numel * handle.rank
+        local = handle.flat_param.detach()
+        shards = (
+            [Shard.from_tensor_and_offsets(local[:valid].view(valid), [offset], handle.rank)]
+            if valid > 0
+            else []
+        )
+        value = init_from_local_shards(shards, handle.layout.flat_numel, process_group=handle.group)
+        return value.cpu() if offload else value
+
+    after = _orig_flat_anchors(raw, flats)
     out = type(raw)()
     for key, value in raw.items():
         handle = flats.get(key)
-        if handle is not None:
-            valid = handle.layout.shard_numel - handle.layout.shard_padding(handle.rank)
-            offset = handle.layout.shard_numel * handle.rank
-            shards = (
-                [Shard.from_tensor_and_offsets(value[:valid].view(valid), [offset], handle.rank)]
-                if valid > 0
-                else []
-            )
-            value = init_from_local_shards(
-                shards, handle.layout.flat_numel, process_group=handle.group
-            )
-            if offload:
-                value = value.cpu()
-        out[clean_name(key)] = value
+        out[clean_name(key)] = flat_shard(handle) if handle is not None else value
+        for flat_key in after.get(key, []):
+            out[clean_name(flat_key)] = flat_shard(flats[flat_key])
     return out
+
+
+def _orig_flat_anchors(raw: Any, flats: dict[str, FlatHandle]) -> dict[str, list[str]]:
+    """``use_orig_params=True``: the flat parameter is no registered parameter, so no walk
+    yields its key; torch adds it once the unit's whole subtree is written. Returns, for the
+    last key of each such unit's subtree, the flat keys to put right after it (inner units
+    first)."""
+    from ._wrapper import FLAT, WRAPPED
+
+    after: dict[str, list[str]] = {}
+    keys = list(raw)
+    for flat_key, handle in sorted(flats.items(), key=lambda item: -len(item[0])):
+        if not handle.use_orig_params:
+            continue
+        subtree = flat_key[: -len(f"{WRAPPED}.{FLAT}")]
+        mine = [k for k in keys if k.startswith(subtree)]
+        if mine:
+            after.setdefault(mine[-1], []).append(flat_key)
+    return after
 
 
 def load_local_state_dict(
@@ -87,6 +107,9 @@ def load_local_state_dict(
     names = [n for n, _ in nn.Module.named_parameters(unit)]
     names += [n for n, _ in nn.Module.named_buffers(unit)]
     prefixed = {clean_name(n): n for n in names}
+    # use_orig_params=True: nothing registers the flat key, which nn.Module then reports as
+    # unexpected where torch does (at the wrapped module, not at the root).
+    prefixed.update({clean_name(k): k for k in flats})
     translated = {}
     for key, value in state.items():
         full_key = prefixed.get(key, key)

@@ -15,13 +15,11 @@ from collections.abc import Generator, Iterable, Iterator
 from typing import Any, Callable, Optional, Union
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.distributed.fsdp import (
     BackwardPrefetch,
     CPUOffload,
     MixedPrecision,
-    OptimStateKeyType,
     ShardingStrategy,
     StateDictConfig,
     StateDictSettings,
@@ -29,15 +27,16 @@ from torch.distributed.fsdp import (
 )
 from torch.distributed.fsdp.api import OptimStateDictConfig
 
-from . import _construct, _optim_state, _runtime, _state_dict, _unshard
+from . import _construct, _runtime, _state_dict, _unshard
 from ._construct import ProcessGroupArg
+from ._optim_api import OptimStateDictMethods
 from ._runtime import HYBRID
 
 WRAPPED = "_fsdp_wrapped_module"
 FLAT = "_flat_param"
 
 
-class FullyShardedDataParallel(nn.Module):
+class FullyShardedDataParallel(nn.Module, OptimStateDictMethods):
     """Shards a module's parameters across ranks (torch's ``FullyShardedDataParallel``).
 
     Arguments and behaviour are torch 2.13's: each wrapped unit holds its parameters as one flat
@@ -332,89 +331,6 @@ class FullyShardedDataParallel(nn.Module):
                 previous.state_dict_config,
                 previous.optim_state_dict_config,
             )
-
-    # ----- optimizer state dicts (FULL) -----
-
-    @staticmethod
-    def optim_state_dict(
-        model: nn.Module,
-        optim: torch.optim.Optimizer,
-        optim_state_dict: Optional[dict[str, Any]] = None,
-        group: Optional[dist.ProcessGroup] = None,
-    ) -> dict[str, Any]:
-        """The optimizer state dict of the model's state-dict type (FULL: keyed by names)."""
-        settings = FullyShardedDataParallel.get_state_dict_type(model)
-        if settings.state_dict_type != StateDictType.FULL_STATE_DICT:
-            raise NotImplementedError(
-                f"ferrodist FSDP: {settings.state_dict_type} optimizer state is not implemented"
-            )
-        config = settings.optim_state_dict_config
-        return _optim_state.full_optim_state_dict(
-            model,
-            optim,
-            optim_state_dict,
-            rank0_only=bool(getattr(config, "rank0_only", False)),
-            offload_to_cpu=bool(getattr(config, "offload_to_cpu", False)),
-        )
-
-    @staticmethod
-    def full_optim_state_dict(
-        model: nn.Module,
-        optim: torch.optim.Optimizer,
-        optim_input: Optional[Any] = None,
-        rank0_only: bool = True,
-        group: Optional[dist.ProcessGroup] = None,
-    ) -> dict[str, Any]:
-        """The FULL optimizer state dict (on rank 0 only by default; ``{}`` elsewhere)."""
-        return _optim_state.full_optim_state_dict(model, optim, None, rank0_only=rank0_only)
-
-    @staticmethod
-    def optim_state_dict_to_load(
-        model: nn.Module,
-        optim: torch.optim.Optimizer,
-        optim_state_dict: dict[str, Any],
-        is_named_optimizer: bool = False,
-        load_directly: bool = False,
-        group: Optional[dist.ProcessGroup] = None,
-    ) -> dict[str, Any]:
-        """This rank's ``optim.load_state_dict`` input from a FULL state dict."""
-        result = _optim_state.optim_state_dict_to_load(model, optim, optim_state_dict)
-        if load_directly:
-            optim.load_state_dict(result)
-        return result
-
-    @staticmethod
-    def shard_full_optim_state_dict(
-        full_optim_state_dict: dict[str, Any],
-        model: nn.Module,
-        optim_input: Optional[Any] = None,
-        optim: Optional[torch.optim.Optimizer] = None,
-    ) -> dict[str, Any]:
-        """A FULL optimizer state dict cut to this rank's shards, ready to load."""
-        return _optim_state.optim_state_dict_to_load(model, optim, full_optim_state_dict)
-
-    @staticmethod
-    def scatter_full_optim_state_dict(
-        full_optim_state_dict: Optional[dict[str, Any]],
-        model: nn.Module,
-        optim_input: Optional[Any] = None,
-        optim: Optional[torch.optim.Optimizer] = None,
-        group: Optional[Any] = None,
-    ) -> dict[str, Any]:
-        """Rank 0's FULL optimizer state dict, sent to every rank and cut to its shards."""
-        full = _optim_state.broadcast_full(full_optim_state_dict, model)
-        return _optim_state.optim_state_dict_to_load(model, optim, full)
-
-    @staticmethod
-    def rekey_optim_state_dict(
-        optim_state_dict: dict[str, Any],
-        optim_state_key_type: OptimStateKeyType,
-        model: nn.Module,
-        optim_input: Optional[Any] = None,
-        optim: Optional[torch.optim.Optimizer] = None,
-    ) -> dict[str, Any]:
-        """A FULL optimizer state dict re-keyed by parameter names or by parameter ids."""
-        return _optim_state.rekey(optim_state_dict, optim_state_key_type, model, optim)
 
     def named_flat_units(self) -> Iterator[tuple[str, FullyShardedDataParallel]]:
         """Every unit with its clean module prefix ('' for this one)."""
