@@ -36,10 +36,12 @@
 //!   without PING, and a store's pool of connections.
 //! * `store/`: the Store facade over the client (`ops.rs`: each method; `barrier.rs`).
 //! * `auth.rs`: the token and its proof, shared by client and server.
-//! * `cli.rs`: the `ferrodist-store` command line; `signals.rs`: its SIGINT/SIGTERM.
+//! * `cli.rs`: the `ferrodist-store` command line (`cli_backend.rs`: its `--backend` and
+//!   `--etcd-*` flags); `signals.rs`: its SIGINT/SIGTERM.
 
 pub mod auth;
 pub mod cli;
+pub mod cli_backend;
 pub mod client;
 pub mod codec;
 pub mod server;
