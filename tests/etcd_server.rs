@@ -222,6 +222,28 @@ fn two_servers_over_one_prefix_serve_one_state() {
     etcd_store(&prefix).purge().unwrap();
 }
 
+#[test]
+fn a_set_from_a_client_that_leaves_at_once_still_lands() {
+    let prefix = job();
+    let server = server(&prefix);
+    for i in 0..20 {
+        // torch's client sends SET without waiting for anything; a rank may exit right after.
+        let stream = stock(&server);
+        (&stream)
+            .write_all(&frames(&[Request::Set {
+                key: b(&format!("/left{i}")),
+                value: b("v"),
+            }]))
+            .unwrap();
+        drop(stream);
+    }
+    let reader = client(server.local_addr().port());
+    for i in 0..20 {
+        assert_eq!(reader.get(&format!("left{i}")).unwrap(), b"v");
+    }
+    etcd_store(&prefix).purge().unwrap();
+}
+
 /// `ferrodist-store --backend etcd://...` as a child process on `port`, once it listens.
 fn spawn_binary(port: u16, prefix: &str) -> Child {
     let url = format!(

@@ -13,6 +13,8 @@
 //!   [`server::bind`] / [`server::adopt`], [`Server::local_addr`], [`Server::shutdown`],
 //!   [`server::accept_loop`] for a caller that runs its own loop.
 //! * [`Db`] (from [`crate::store::db`]): the engine the server serves, shared with HashStore.
+//! * [`server::backend`]: what a connection serves requests from, the [`Db`] or etcd
+//!   ([`server::etcd_backend::EtcdBackend`], with [`Server::start_with_backend`]).
 //! * [`client`]: the blocking [`Client`] (connect with retry and backoff, handshake, every op,
 //!   wait with CANCEL_WAIT, each call under a deadline); raw wire keys, no `/` prefix.
 //! * [`store`]: [`TcpStore`], the blocking torch-compatible [`crate::store::Store`] over a

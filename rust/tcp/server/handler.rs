@@ -129,6 +129,8 @@ pub struct Handler<B: Backend = Db> {
     stage: Stage,
     /// The peer is ferrodist's client: hold every request behind a pending wait.
     holds_behind_wait: bool,
+    /// The peer left while a request was in flight: finish serving, reply to no one.
+    peer_left: bool,
     /// The challenge sent to a client that must prove it holds the token, until it answers.
     challenge: Option<Box<[u8; crate::tcp::auth::CHALLENGE_LEN]>>,
     waiting: Option<B::Waiter>,
@@ -153,6 +155,7 @@ impl<B: Backend> Handler<B> {
             handshake: UNWATCHED,
             stage: Stage::Connected,
             holds_behind_wait: false,
+            peer_left: false,
             challenge: None,
             waiting: None,
             in_flight: None,
@@ -223,6 +226,9 @@ impl<B: Backend> Handler<B> {
             if shutdown.poll_recv(cx).is_ready() {
                 return Poll::Ready(Ok(()));
             }
+            if self.peer_left {
+                return self.poll_finish(cx);
+            }
             if self.stage == Stage::Refused && self.output.is_empty() {
                 // The refusal byte is out: now the client can tell why it is being closed.
                 return Poll::Ready(Err(admission::WRONG_TOKEN));
@@ -247,7 +253,16 @@ impl<B: Backend> Handler<B> {
                     Scan::Complete(_) => Some(self.input.len() + 1),
                 }
             };
-            match ready!(self.poll_event(cx, need))? {
+            let event = match ready!(self.poll_event(cx, need)) {
+                // The peer went away with a request in flight (a stock client may SET and exit
+                // at once): that request and those buffered behind it are still served.
+                Ok(Event::Read(0)) | Err(Closed::Io(_)) if self.in_flight.is_some() => {
+                    self.peer_left = true;
+                    continue;
+                }
+                event => event?,
+            };
+            match event {
                 Event::Read(0) => return Poll::Ready(self.left_during_handshake()),
                 Event::Read(_) => {}
                 Event::Released => {
@@ -260,6 +275,30 @@ impl<B: Backend> Handler<B> {
                     self.shared.metrics.request_served(finished.opcode, took);
                     self.take_outcome(finished.answer?);
                 }
+            }
+        }
+    }
+
+    /// After the peer left: serves the request in flight and every complete request buffered
+    /// behind it, as the in-memory engine did on reading them, replying to no one (a wait is
+    /// dropped: nobody is there to release), then ends the connection.
+    fn poll_finish(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Closed>> {
+        loop {
+            self.waiting = None;
+            self.held.clear();
+            self.held_bytes = 0;
+            self.output = Outbox::default();
+            if let Some(in_flight) = self.in_flight.as_mut() {
+                let finished = ready!(Pin::new(in_flight).poll(cx));
+                self.in_flight = None;
+                let took = finished.since.elapsed();
+                self.shared.metrics.request_served(finished.opcode, took);
+                finished.answer?;
+                continue;
+            }
+            match self.decode()? {
+                Some(request) => self.apply(request, &mut Instant::now())?,
+                None => return Poll::Ready(Ok(())),
             }
         }
     }
