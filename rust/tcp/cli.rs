@@ -11,7 +11,7 @@ use bytes::Bytes;
 use clap::Parser;
 
 use super::auth::AuthToken;
-use super::cli_backend::{BackendArgs, BackendChoice};
+use super::cli_backend::BackendArgs;
 use super::codec::Limits;
 use super::server::etcd_backend::EtcdBackend;
 use super::server::{Server, ServerConfig};
@@ -131,9 +131,9 @@ pub fn run_until_signal(args: &ServerArgs) -> Result<()> {
         ..ServerConfig::default()
     };
     // Connected before the runtime is entered below (the store's connect blocks on it).
-    let etcd = match args.backend.choice()? {
-        BackendChoice::Memory => None,
-        BackendChoice::Etcd(options) => {
+    let etcd = match args.backend.etcd_options()? {
+        None => None,
+        Some(options) => {
             let store = crate::store::EtcdStore::connect(&options)?;
             tracing::info!(endpoints = ?options.endpoints, prefix = %options.prefix,
                 "serving from etcd");

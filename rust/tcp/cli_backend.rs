@@ -49,15 +49,6 @@ pub struct BackendArgs {
     pub etcd_tls_domain: Option<String>,
 }
 
-/// What `--backend` asks for.
-#[derive(Debug, Clone)]
-pub enum BackendChoice {
-    /// The in-process engine.
-    Memory,
-    /// An etcd cluster.
-    Etcd(EtcdOptions),
-}
-
 /// `(endpoints, prefix)` of an `etcd://` URL.
 pub fn parse_etcd_url(url: &str) -> Result<(Vec<String>, String)> {
     let bad = |why: &str| {
@@ -84,10 +75,10 @@ pub fn parse_etcd_url(url: &str) -> Result<(Vec<String>, String)> {
 }
 
 impl BackendArgs {
-    /// The backend these flags name, its files read.
-    pub fn choice(&self) -> Result<BackendChoice> {
+    /// The etcd cluster these flags name (its files read), or `None` for `memory`.
+    pub fn etcd_options(&self) -> Result<Option<EtcdOptions>> {
         if self.backend == "memory" {
-            return Ok(BackendChoice::Memory);
+            return Ok(None);
         }
         let (endpoints, prefix) = parse_etcd_url(&self.backend)?;
         let timeout = Duration::try_from_secs_f64(self.etcd_timeout)
@@ -112,7 +103,7 @@ impl BackendArgs {
             key_file: self.etcd_key_file.clone(),
             domain: self.etcd_tls_domain.clone(),
         });
-        Ok(BackendChoice::Etcd(EtcdOptions {
+        Ok(Some(EtcdOptions {
             endpoints,
             prefix,
             timeout,

@@ -46,9 +46,9 @@ def test_a_stock_torch_client_is_served_from_etcd(
         assert client.check(["k", "n"]) and not client.check(["k", "missing"])
         assert client.delete_key("created") and not client.delete_key("created")
         assert client.num_keys() == 2
-        client.append("log", "a")
-        client.append("log", b"b")
-        client.multi_set(["m1", "m2"], ["1", b"2"])
+        client.append("log", "a")  # type: ignore[attr-defined]
+        client.append("log", b"b")  # type: ignore[attr-defined]
+        client.multi_set(["m1", "m2"], ["1", b"2"])  # type: ignore[attr-defined]
         assert client.multi_get(["m1", "m2", "log"]) == [b"1", b"2", b"ab"]
 
         # A wait is released by another client's set (a watch in the server, not polling).

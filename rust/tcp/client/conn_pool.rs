@@ -82,7 +82,8 @@ impl ConnPool {
             // so the call goes to the new process instead of failing on the old socket.
             let durable = self.durable.load(Ordering::Relaxed);
             while let Some(client) = idle.clients.pop() {
-                if !client.is_broken() && !(durable && client.server_left()) {
+                let stale = client.is_broken() || (durable && client.server_left());
+                if !stale {
                     return Ok(client);
                 }
             }
