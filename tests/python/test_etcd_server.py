@@ -102,3 +102,16 @@ def test_a_killed_server_restarted_on_its_port_serves_every_acknowledged_key(
         restart.join()
         for server in servers:
             server.stop()
+
+
+def test_world_size_is_counted_from_etcd(etcd_cluster: EtcdCluster, etcd_prefix: str) -> None:
+    server = StoreServer("--world-size", "2", "--backend", _backend(etcd_cluster, etcd_prefix))
+    try:
+        for _ in range(2):  # each stock client adds 1 to the worker counter, `init/`
+            tdist.TCPStore("127.0.0.1", server.port, world_size=2, timeout=timedelta(seconds=30))
+        time.sleep(0.5)
+        server.proc.terminate()
+        _, err = server.proc.communicate(timeout=20)
+        assert "all clients joined" in err
+    finally:
+        server.stop()
