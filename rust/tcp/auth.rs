@@ -41,6 +41,9 @@ pub const PROOF_LEN: usize = 32;
 pub const ADMITTED: u8 = 0;
 /// The server's answer to a wrong proof, just before it closes the connection.
 pub const REFUSED: u8 = 1;
+/// [`ADMITTED`] from a server whose state outlives it (see
+/// [`FERRODIST_PONG_DURABLE`](crate::tcp::codec::FERRODIST_PONG_DURABLE)).
+pub const ADMITTED_DURABLE: u8 = 2;
 /// Prefixed to the challenge before it is MACed, so a proof means nothing to any other use of
 /// the same token.
 pub const PROOF_CONTEXT: &[u8] = b"ferrodist-store-auth-v1\0";

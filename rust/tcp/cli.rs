@@ -11,7 +11,9 @@ use bytes::Bytes;
 use clap::Parser;
 
 use super::auth::AuthToken;
+use super::cli_backend::BackendArgs;
 use super::codec::Limits;
+use super::server::etcd_backend::EtcdBackend;
 use super::server::{Server, ServerConfig};
 use super::signals::Termination;
 use super::store::WORKER_COUNTER_KEY;
@@ -66,6 +68,9 @@ pub struct ServerArgs {
     /// Close new connections at once while this many are open (those open are unaffected).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     pub max_connections: Option<u64>,
+    /// Where the state lives (`--backend`, `--etcd-*`).
+    #[command(flatten)]
+    pub backend: BackendArgs,
 }
 
 /// How log lines are written.
@@ -125,13 +130,26 @@ pub fn run_until_signal(args: &ServerArgs) -> Result<()> {
         expected_clients: args.world_size,
         ..ServerConfig::default()
     };
+    // Connected before the runtime is entered below (the store's connect blocks on it).
+    let etcd = match args.backend.etcd_options()? {
+        None => None,
+        Some(options) => {
+            let store = crate::store::EtcdStore::connect(&options)?;
+            tracing::info!(endpoints = ?options.endpoints, prefix = %options.prefix,
+                "serving from etcd");
+            Some(EtcdBackend::new(store))
+        }
+    };
     let runtime = crate::runtime::runtime();
     let _entered = runtime.enter();
     // On this (the main) thread, inside the runtime: handlers first, then the held signals
     // are let through, so one sent at any point since exec is acted on.
     let mut stop = Termination::install()?;
     runtime.block_on(async {
-        let server = Server::start(&config)?;
+        let server = match &etcd {
+            None => Server::start(&config)?,
+            Some(backend) => Server::start_with_backend(&config, backend.clone())?,
+        };
         announce(&format!(
             "ferrodist-store listening on {}",
             server.local_addr()
@@ -140,7 +158,12 @@ pub fn run_until_signal(args: &ServerArgs) -> Result<()> {
             announce(&format!("ferrodist-store metrics on http://{addr}/metrics"));
         }
         if let Some(world_size) = args.world_size {
-            tokio::spawn(log_when_joined(server.db().clone(), world_size, timeout));
+            match &etcd {
+                None => tokio::spawn(log_when_joined(server.db().clone(), world_size, timeout)),
+                Some(backend) => {
+                    tokio::spawn(log_when_joined_etcd(backend.clone(), world_size, timeout))
+                }
+            };
         }
         let signal = stop.received().await;
         tracing::info!(signal, "shutting down");
@@ -177,5 +200,17 @@ async fn log_when_joined(db: crate::store::db::Db, world_size: u64, timeout: Dur
             joined = %String::from_utf8_lossy(&db.get(&key)),
             "not every client joined within the timeout"
         ),
+    }
+}
+
+/// [`log_when_joined`] for a server whose state is in etcd: a watch of the worker counter.
+async fn log_when_joined_etcd(backend: EtcdBackend, world_size: u64, timeout: Duration) {
+    let all = backend
+        .store()
+        .wire_counter_at_least(WORKER_COUNTER_KEY.as_bytes(), world_size as i64);
+    match tokio::time::timeout(timeout, all).await {
+        Ok(Ok(())) => tracing::info!(world_size, "all clients joined"),
+        Ok(Err(err)) => tracing::warn!(%err, "could not count the clients that joined"),
+        Err(_) => tracing::warn!(world_size, "not every client joined within the timeout"),
     }
 }

@@ -13,6 +13,8 @@
 //!   [`server::bind`] / [`server::adopt`], [`Server::local_addr`], [`Server::shutdown`],
 //!   [`server::accept_loop`] for a caller that runs its own loop.
 //! * [`Db`] (from [`crate::store::db`]): the engine the server serves, shared with HashStore.
+//! * [`server::backend`]: what a connection serves requests from, the [`Db`] or etcd
+//!   ([`server::etcd_backend::EtcdBackend`], with [`Server::start_with_backend`]).
 //! * [`client`]: the blocking [`Client`] (connect with retry and backoff, handshake, every op,
 //!   wait with CANCEL_WAIT, each call under a deadline); raw wire keys, no `/` prefix.
 //! * [`store`]: [`TcpStore`], the blocking torch-compatible [`crate::store::Store`] over a
@@ -36,10 +38,12 @@
 //!   without PING, and a store's pool of connections.
 //! * `store/`: the Store facade over the client (`ops.rs`: each method; `barrier.rs`).
 //! * `auth.rs`: the token and its proof, shared by client and server.
-//! * `cli.rs`: the `ferrodist-store` command line; `signals.rs`: its SIGINT/SIGTERM.
+//! * `cli.rs`: the `ferrodist-store` command line (`cli_backend.rs`: its `--backend` and
+//!   `--etcd-*` flags); `signals.rs`: its SIGINT/SIGTERM.
 
 pub mod auth;
 pub mod cli;
+pub mod cli_backend;
 pub mod client;
 pub mod codec;
 pub mod server;

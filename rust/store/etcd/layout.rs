@@ -40,14 +40,23 @@ impl Layout {
         format!("{}/kv/", self.prefix).into_bytes()
     }
 
-    /// The etcd key holding `key`'s value.
-    pub fn value(&self, key: &str) -> Vec<u8> {
-        format!("{}/kv/{key}", self.prefix).into_bytes()
+    /// The etcd key holding `key`'s value (a user key, or a raw wire key of any bytes).
+    pub fn value(&self, key: impl AsRef<[u8]>) -> Vec<u8> {
+        self.under("/kv/", key.as_ref())
     }
 
     /// The etcd key holding the queue named `key`.
-    pub fn queue(&self, key: &str) -> Vec<u8> {
-        format!("{}/queue/{key}", self.prefix).into_bytes()
+    pub fn queue(&self, key: impl AsRef<[u8]>) -> Vec<u8> {
+        self.under("/queue/", key.as_ref())
+    }
+
+    /// `<prefix><namespace><key>`.
+    fn under(&self, namespace: &str, key: &[u8]) -> Vec<u8> {
+        let mut etcd_key = Vec::with_capacity(self.prefix.len() + namespace.len() + key.len());
+        etcd_key.extend_from_slice(self.prefix.as_bytes());
+        etcd_key.extend_from_slice(namespace.as_bytes());
+        etcd_key.extend_from_slice(key);
+        etcd_key
     }
 
     /// The etcd key of receipt `slot` of store handle `client`.
@@ -57,8 +66,14 @@ impl Layout {
 
     /// The user's key from an etcd key under [`Layout::values`].
     pub fn user_key(&self, etcd_key: &[u8]) -> Option<String> {
-        let rest = etcd_key.strip_prefix(self.values().as_slice())?;
-        String::from_utf8(rest.to_vec()).ok()
+        String::from_utf8(self.raw_key(etcd_key)?.to_vec()).ok()
+    }
+
+    /// The key's bytes from an etcd key under [`Layout::values`] (a raw wire key).
+    pub fn raw_key<'k>(&self, etcd_key: &'k [u8]) -> Option<&'k [u8]> {
+        etcd_key
+            .strip_prefix(self.prefix.as_bytes())?
+            .strip_prefix(b"/kv/")
     }
 }
 

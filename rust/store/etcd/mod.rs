@@ -19,12 +19,16 @@
 //! least 5 s, enough to ride out an election; 300 s when the store timeout is zero), retrying
 //! through elections (`retry.rs`). The async work runs on the process's one runtime; these
 //! methods block the calling thread. A finished job's keys go with [`EtcdStore::purge`].
+//!
+//! `served.rs` has the same operations async and on raw wire keys, for `ferrodist-store
+//! --backend etcd://...` (a TCPStore server whose state is this store's).
 
 mod layout;
 mod options;
 mod queue;
 mod retry;
 mod rmw;
+pub mod served;
 mod watch;
 
 use std::mem::ManuallyDrop;

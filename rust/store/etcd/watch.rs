@@ -36,16 +36,16 @@ enum Ended {
 impl EtcdStore {
     /// For each key, `None` when it is present now, else the revision of the read that found it
     /// missing. Keys are read in transactions of at most [`MAX_TXN_OPS`] lookups.
-    pub(super) async fn missing_since(
+    pub(super) async fn missing_since<K: AsRef<[u8]>>(
         &self,
-        keys: &[String],
+        keys: &[K],
     ) -> std::result::Result<Vec<Option<i64>>, etcd_client::Error> {
         let mut kv = self.shared.client.kv_client();
         let mut out = Vec::with_capacity(keys.len());
         for chunk in keys.chunks(MAX_TXN_OPS / 2) {
             let lookups: Vec<TxnOp> = chunk
                 .iter()
-                .flat_map(|k| [self.layout.value(k), self.layout.queue(k)])
+                .flat_map(|k| [self.layout.value(k.as_ref()), self.layout.queue(k.as_ref())])
                 .map(|etcd_key| {
                     TxnOp::get(
                         etcd_key,
@@ -73,15 +73,15 @@ impl EtcdStore {
     }
 
     /// Returns once every key is present; runs until then (the caller bounds it).
-    pub(super) async fn until_present(&self, keys: &[String]) -> Result<()> {
+    pub(super) async fn until_present<K: AsRef<[u8]>>(&self, keys: &[K]) -> Result<()> {
         self.until_present_with(keys, std::future::ready(())).await
     }
 
     /// [`EtcdStore::until_present`], awaiting `gap` once between the first read that finds a
     /// key missing and the watch (tests land a write in exactly that gap).
-    pub(super) async fn until_present_with(
+    pub(super) async fn until_present_with<K: AsRef<[u8]>>(
         &self,
-        keys: &[String],
+        keys: &[K],
         gap: impl std::future::Future<Output = ()>,
     ) -> Result<()> {
         let mut gap = Some(gap);
@@ -94,10 +94,10 @@ impl EtcdStore {
                 }
                 Err(err) => return Err(fatal("wait", err)),
             };
-            let waiting: Vec<(&str, i64)> = keys
+            let waiting: Vec<(&[u8], i64)> = keys
                 .iter()
                 .zip(&missing)
-                .filter_map(|(k, m)| m.map(|revision| (k.as_str(), revision)))
+                .filter_map(|(k, m)| m.map(|revision| (k.as_ref(), revision)))
                 .collect();
             if waiting.is_empty() {
                 return Ok(());
@@ -118,7 +118,7 @@ impl EtcdStore {
     /// Watches each `(key, revision)` from `revision + 1` until every key has been written.
     async fn watch_until_written(
         &self,
-        waiting: &[(&str, i64)],
+        waiting: &[(&[u8], i64)],
     ) -> std::result::Result<Ended, etcd_client::Error> {
         let mut targets: HashMap<Vec<u8>, usize> = HashMap::new();
         for (index, (key, _)) in waiting.iter().enumerate() {

@@ -12,6 +12,7 @@
 //! connections and, in any other process, forgets them without a word on the wire and connects
 //! afresh.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
 use super::Client;
@@ -28,6 +29,10 @@ pub struct ConnPool {
     port: u16,
     /// Proven to a server that asks for it.
     token: Option<AuthToken>,
+    /// A connection of this pool met a durable server (its state outlives it): a connection
+    /// that breaks is then replaced by retrying until the call's deadline (the server may be
+    /// restarting), not by one attempt.
+    durable: AtomicBool,
     idle: Mutex<Idle>,
 }
 
@@ -41,10 +46,12 @@ impl ConnPool {
     /// A pool for `host:port`, starting with `first` (already connected) when given; new
     /// connections prove `token` to a server that asks for it.
     pub fn new(host: &str, port: u16, token: Option<AuthToken>, first: Option<Client>) -> ConnPool {
+        let durable = first.as_ref().is_some_and(Client::is_durable_server);
         ConnPool {
             host: host.to_owned(),
             port,
             token,
+            durable: AtomicBool::new(durable),
             idle: Mutex::new(Idle {
                 pid: std::process::id(),
                 clients: first.into_iter().collect(),
@@ -56,7 +63,8 @@ impl ConnPool {
         self.idle.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// An idle, healthy connection of this process, or a new one (one attempt, by `deadline`).
+    /// An idle, healthy connection of this process, or a new one by `deadline` (one attempt,
+    /// or attempts until then once the server has said it is durable).
     pub fn checkout(&self, deadline: Deadline) -> Result<Client> {
         {
             let mut idle = self.idle();
@@ -69,13 +77,27 @@ impl ConnPool {
                 }
                 idle.pid = pid;
             }
+            // A durable server may have been restarted since the last call: a connection to
+            // the old process is left for a new one (a peek per call, for those servers only),
+            // so the call goes to the new process instead of failing on the old socket.
+            let durable = self.durable.load(Ordering::Relaxed);
             while let Some(client) = idle.clients.pop() {
-                if !client.is_broken() {
+                let stale = client.is_broken() || (durable && client.server_left());
+                if !stale {
                     return Ok(client);
                 }
             }
         }
-        Client::connect_once_with_token(&self.host, self.port, deadline, self.token.as_ref())
+        let token = self.token.as_ref();
+        if !self.durable.load(Ordering::Relaxed) {
+            return Client::connect_once_with_token(&self.host, self.port, deadline, token);
+        }
+        let client = Client::connect_until(&self.host, self.port, deadline, token)?;
+        if !client.is_durable_server() {
+            // Another server took the address: back to failing at once.
+            self.durable.store(false, Ordering::Relaxed);
+        }
+        Ok(client)
     }
 
     /// The token new connections prove.
@@ -85,6 +107,9 @@ impl ConnPool {
 
     /// Gives a connection back after a call; a broken one, or one beyond `MAX_IDLE`, is closed.
     pub fn checkin(&self, client: Client) {
+        if client.is_durable_server() {
+            self.durable.store(true, Ordering::Relaxed);
+        }
         let mut idle = self.idle();
         if !client.is_broken() && idle.pid == std::process::id() && idle.clients.len() < MAX_IDLE {
             idle.clients.push(client);

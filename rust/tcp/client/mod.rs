@@ -45,11 +45,12 @@ use self::socket::{ClientSocket, Filled};
 use crate::error::{Error, Result};
 use crate::store::Deadline;
 use crate::tcp::auth::{
-    AuthToken, ADMITTED, CHALLENGE_LEN, FERRODIST_PONG_AUTH, REFUSED, TOKEN_ENV, TOKEN_FILE_ENV,
+    AuthToken, ADMITTED, ADMITTED_DURABLE, CHALLENGE_LEN, FERRODIST_PONG_AUTH, REFUSED, TOKEN_ENV,
+    TOKEN_FILE_ENV,
 };
 use crate::tcp::codec::{
     decode_reply, scan_request, Limits, Reply, ReplyKind, Request, FERRODIST_PING, FERRODIST_PONG,
-    NOT_READY, READY, STOP_WAITING, VALIDATE_MAGIC, WAIT_CANCELED,
+    FERRODIST_PONG_DURABLE, NOT_READY, READY, STOP_WAITING, VALIDATE_MAGIC, WAIT_CANCELED,
 };
 
 mod no_ping;
@@ -90,6 +91,8 @@ pub struct Client {
     input: BytesMut,
     output: BytesMut,
     ferrodist_server: bool,
+    /// The server said its state outlives it (see [`FERRODIST_PONG_DURABLE`]).
+    durable_server: bool,
     pending: Option<PendingWait>,
     busy: bool,
 }
@@ -166,8 +169,17 @@ impl Client {
         timeout: Duration,
         token: Option<&AuthToken>,
     ) -> Result<Client> {
+        Client::connect_until(host, port, Deadline::after(timeout), token)
+    }
+
+    /// [`Client::connect_with_token`] until `deadline` passes.
+    pub fn connect_until(
+        host: &str,
+        port: u16,
+        deadline: Deadline,
+        token: Option<&AuthToken>,
+    ) -> Result<Client> {
         let started = Instant::now();
-        let deadline = Deadline::after(timeout);
         let mut interval = BACKOFF_START;
         let mut attempts = 0u32;
         loop {
@@ -250,6 +262,7 @@ impl Client {
             input: BytesMut::with_capacity(4096),
             output: BytesMut::with_capacity(4096),
             ferrodist_server: false,
+            durable_server: false,
             pending: None,
             busy: false,
         }
@@ -273,9 +286,13 @@ impl Client {
         client.flush()?;
         client.ferrodist_server = match client.read_reply(ReplyKind::Nonce)? {
             Reply::Nonce(FERRODIST_PONG) => true,
+            Reply::Nonce(FERRODIST_PONG_DURABLE) => {
+                client.durable_server = true;
+                true
+            }
             Reply::Nonce(FERRODIST_PING) => false,
             Reply::Nonce(FERRODIST_PONG_AUTH) => {
-                client.authenticate(token)?;
+                client.durable_server = client.authenticate(token)?;
                 true
             }
             other => {
@@ -288,8 +305,9 @@ impl Client {
         Ok(client)
     }
 
-    /// Answers the server's challenge with the proof that this client holds `token`.
-    fn authenticate(&mut self, token: Option<&AuthToken>) -> Result<()> {
+    /// Answers the server's challenge with the proof that this client holds `token`; true when
+    /// the server that admitted it is durable.
+    fn authenticate(&mut self, token: Option<&AuthToken>) -> Result<bool> {
         let challenge = self.read_raw(CHALLENGE_LEN)?;
         let Some(token) = token else {
             return Err(Error::Unauthenticated(format!(
@@ -301,7 +319,8 @@ impl Client {
         self.output.extend_from_slice(&token.prove(&challenge));
         self.flush()?;
         match self.read_raw(1).map(|answer| answer[0]) {
-            Ok(ADMITTED) => Ok(()),
+            Ok(ADMITTED) => Ok(false),
+            Ok(ADMITTED_DURABLE) => Ok(true),
             Ok(REFUSED) | Err(Error::ConnectionClosed { .. }) => {
                 Err(Error::Unauthenticated(format!(
                     "authentication failed: the store at {} refused this client's auth token \
@@ -337,6 +356,17 @@ impl Client {
     /// True when the server is ferrodist's (it answered the handshake's PING with [`FERRODIST_PONG`]).
     pub fn is_ferrodist_server(&self) -> bool {
         self.ferrodist_server
+    }
+
+    /// True when the server's state outlives it (it answered [`FERRODIST_PONG_DURABLE`]).
+    pub fn is_durable_server(&self) -> bool {
+        self.durable_server
+    }
+
+    /// True when the server has closed this idle connection (it was stopped or killed since
+    /// the last call): one `recv` peek, nothing consumed.
+    pub fn server_left(&self) -> bool {
+        self.input.is_empty() && self.socket.peer_closed().unwrap_or(true)
     }
 
     /// True when an earlier call was abandoned midway; the connection must be replaced.

@@ -37,6 +37,13 @@ pub const FERRODIST_PING: u32 = 0xF0D1_57C1;
 /// What ferrodist's server answers to [`FERRODIST_PING`] (every other nonce is echoed).
 pub const FERRODIST_PONG: u32 = 0xF0D1_57C2;
 
+/// [`FERRODIST_PONG`] from a server whose state outlives it (`--backend etcd://...`): a client
+/// that loses its connection keeps trying to reconnect until its call's deadline, since a
+/// restarted server (or another one on the same address) still has every key. Against a server
+/// that keeps its state in memory, a lost connection fails the call at once: a restarted one
+/// would have none of the job's keys.
+pub const FERRODIST_PONG_DURABLE: u32 = 0xF0D1_57C4;
+
 /// Reply byte of WAIT and BARRIER: the wait is over.
 pub const STOP_WAITING: u8 = 0;
 /// Reply byte of CANCEL_WAIT.

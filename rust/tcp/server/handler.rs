@@ -1,4 +1,5 @@
-//! One accepted connection: read requests, apply them to the shared [`Db`], write replies.
+//! One accepted connection: read requests, serve them from the server's [`Backend`] (the
+//! in-memory [`Db`], or etcd), write replies.
 //!
 //! Requests are handled **in order**, one at a time, as torch's servers do. What happens to a
 //! request that arrives while a WAIT is still pending depends on who sent it:
@@ -23,6 +24,11 @@
 //! The handshake (VALIDATE, and the token's proof on a server with one) is in
 //! `handler/admission.rs`; every request served is counted in the server's
 //! [`metrics`](super::metrics), with the time it took.
+//!
+//! A backend may answer a request later ([`Served::Later`], etcd): the connection then polls
+//! that request's future beside its socket and its pending wait, decodes nothing more until it
+//! is answered (requests stay in order), and stops reading once a whole request is buffered
+//! behind it (the client's writes wait in TCP, not in the server's memory).
 
 use std::collections::VecDeque;
 use std::future::{poll_fn, Future};
@@ -36,17 +42,18 @@ use tokio::io::{AsyncRead, ReadBuf};
 use tokio::net::TcpStream;
 
 use self::admission::{Stage, Step};
+use super::backend::{Backend, Finished, Outcome, Served};
 use super::handshake_deadline::{self, Slot};
 use super::log_budget::LogBudget;
 use super::metrics::Refusal;
 use super::outbox::Outbox;
 use super::shutdown::Shutdown;
 use super::Shared;
-use crate::store::db::{Db, Waiter};
+use crate::store::db::Db;
 use crate::tcp::auth::PROOF_LEN;
 use crate::tcp::codec::{
     decode_request_from, scan_request_from, FrameError, Reply, Request, Scan, ScanMark,
-    FERRODIST_PING, FERRODIST_PONG, STOP_WAITING, WAIT_CANCELED,
+    FERRODIST_PING, FERRODIST_PONG, FERRODIST_PONG_DURABLE, STOP_WAITING, WAIT_CANCELED,
 };
 
 mod admission;
@@ -85,14 +92,19 @@ pub enum Closed {
     /// The peer did not prove it holds the server's token (see [`crate::tcp::auth`]).
     #[error("{1}")]
     Unauthenticated(Refusal, &'static str),
+    /// The backend could not serve a request (etcd without quorum past the store's timeout).
+    #[error("the store backend failed: {0}")]
+    Backend(String),
 }
 
 /// What woke a connection up.
-enum Event {
+enum Event<W> {
     /// This many bytes were read (0: the peer closed its side).
     Read(usize),
     /// The pending wait was released.
     Released,
+    /// The request in flight was answered.
+    Answered(Finished<W>),
 }
 
 /// Per-connection state.
@@ -102,9 +114,9 @@ enum Event {
 /// log, and the event loop below polls the socket, the pending wait and the shutdown signal by
 /// hand (`poll_serve`) rather than through `select!`, whose three futures tripled the size of
 /// every connection's task.
-pub struct Handler {
+pub struct Handler<B: Backend = Db> {
     stream: TcpStream,
-    db: Db,
+    backend: B,
     /// The server's limits, access rules and metrics.
     shared: Arc<Shared>,
     input: BytesMut,
@@ -117,20 +129,25 @@ pub struct Handler {
     stage: Stage,
     /// The peer is ferrodist's client: hold every request behind a pending wait.
     holds_behind_wait: bool,
+    /// The peer left while a request was in flight: finish serving, reply to no one.
+    peer_left: bool,
     /// The challenge sent to a client that must prove it holds the token, until it answers.
     challenge: Option<Box<[u8; crate::tcp::auth::CHALLENGE_LEN]>>,
-    waiting: Option<Waiter>,
+    waiting: Option<B::Waiter>,
+    /// The request the backend is still serving (never one for the in-memory engine, whose
+    /// pending type is uninhabited: this field takes no space there).
+    in_flight: Option<B::Pending>,
     held: VecDeque<Request>,
     held_bytes: usize,
 }
 
-impl Handler {
+impl<B: Backend> Handler<B> {
     /// A handler for an accepted stream, counted as an open connection until it is dropped.
-    pub fn new(stream: TcpStream, db: Db, shared: Arc<Shared>) -> Handler {
+    pub fn new(stream: TcpStream, backend: B, shared: Arc<Shared>) -> Handler<B> {
         shared.metrics.connection_opened();
         Handler {
             stream,
-            db,
+            backend,
             shared,
             input: BytesMut::new(),
             scan_mark: ScanMark::default(),
@@ -138,8 +155,10 @@ impl Handler {
             handshake: UNWATCHED,
             stage: Stage::Connected,
             holds_behind_wait: false,
+            peer_left: false,
             challenge: None,
             waiting: None,
+            in_flight: None,
             held: VecDeque::new(),
             held_bytes: 0,
         }
@@ -147,7 +166,7 @@ impl Handler {
 
     /// Closes the connection if VALIDATE has not come `within` (see [`handshake_deadline`]).
     /// Call on the runtime.
-    pub fn with_handshake_deadline(mut self, within: Duration) -> Handler {
+    pub fn with_handshake_deadline(mut self, within: Duration) -> Handler<B> {
         if let Some(slot) = handshake_deadline::watch(&self.stream, within) {
             self.handshake = slot;
         }
@@ -169,6 +188,7 @@ impl Handler {
     fn log_end(&self, outcome: Result<(), Closed>) {
         match &outcome {
             Err(Closed::Frame(_) | Closed::Refused(_)) => self.shared.metrics.frame_rejected(),
+            Err(Closed::Backend(_)) => {}
             Err(Closed::Unauthenticated(why, _)) => self.shared.metrics.refused(*why),
             _ => {}
         }
@@ -206,6 +226,9 @@ impl Handler {
             if shutdown.poll_recv(cx).is_ready() {
                 return Poll::Ready(Ok(()));
             }
+            if self.peer_left {
+                return self.poll_finish(cx);
+            }
             if self.stage == Stage::Refused && self.output.is_empty() {
                 // The refusal byte is out: now the client can tell why it is being closed.
                 return Poll::Ready(Err(admission::WRONG_TOKEN));
@@ -221,32 +244,87 @@ impl Handler {
                 self.input = BytesMut::new();
             }
             let need = if self.stage == Stage::Challenged {
-                PROOF_LEN // raw bytes, not a request
+                Some(PROOF_LEN) // raw bytes, not a request
             } else {
                 match scan_request_from(&self.input, &self.shared.limits, &mut self.scan_mark)? {
-                    Scan::Incomplete(need) => need,
-                    Scan::Complete(_) => self.input.len() + 1,
+                    Scan::Incomplete(need) => Some(need),
+                    // Behind a request in flight, a whole request buffered is enough.
+                    Scan::Complete(_) if self.in_flight.is_some() => None,
+                    Scan::Complete(_) => Some(self.input.len() + 1),
                 }
             };
-            match ready!(self.poll_event(cx, need))? {
+            let event = match ready!(self.poll_event(cx, need)) {
+                // The peer went away with a request in flight (a stock client may SET and exit
+                // at once): that request and those buffered behind it are still served.
+                Ok(Event::Read(0)) | Err(Closed::Io(_)) if self.in_flight.is_some() => {
+                    self.peer_left = true;
+                    continue;
+                }
+                event => event?,
+            };
+            match event {
                 Event::Read(0) => return Poll::Ready(self.left_during_handshake()),
                 Event::Read(_) => {}
                 Event::Released => {
                     self.waiting = None;
                     self.output.put_u8(STOP_WAITING);
                 }
+                Event::Answered(finished) => {
+                    self.in_flight = None;
+                    let took = finished.since.elapsed();
+                    self.shared.metrics.request_served(finished.opcode, took);
+                    self.take_outcome(finished.answer?);
+                }
             }
         }
     }
 
-    /// The next thing to act on: the pending wait's release, or bytes from the peer (appended
-    /// to the input buffer, which wants `need` bytes in all).
-    fn poll_event(&mut self, cx: &mut Context<'_>, need: usize) -> Poll<std::io::Result<Event>> {
+    /// After the peer left: serves the request in flight and every complete request buffered
+    /// behind it, as the in-memory engine did on reading them, replying to no one (a wait is
+    /// dropped: nobody is there to release), then ends the connection.
+    fn poll_finish(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Closed>> {
+        loop {
+            self.waiting = None;
+            self.held.clear();
+            self.held_bytes = 0;
+            self.output = Outbox::default();
+            if let Some(in_flight) = self.in_flight.as_mut() {
+                let finished = ready!(Pin::new(in_flight).poll(cx));
+                self.in_flight = None;
+                let took = finished.since.elapsed();
+                self.shared.metrics.request_served(finished.opcode, took);
+                finished.answer?;
+                continue;
+            }
+            match self.decode()? {
+                Some(request) => self.apply(request, &mut Instant::now())?,
+                None => return Poll::Ready(Ok(())),
+            }
+        }
+    }
+
+    /// The next thing to act on: the answer to the request in flight, the pending wait's
+    /// release, or bytes from the peer (appended to the input buffer, which wants `need` bytes
+    /// in all; `None`: read nothing now).
+    fn poll_event(
+        &mut self,
+        cx: &mut Context<'_>,
+        need: Option<usize>,
+    ) -> Poll<Result<Event<B::Waiter>, Closed>> {
+        if let Some(in_flight) = self.in_flight.as_mut() {
+            if let Poll::Ready(finished) = Pin::new(in_flight).poll(cx) {
+                return Poll::Ready(Ok(Event::Answered(finished)));
+            }
+        }
         if let Some(waiter) = self.waiting.as_mut() {
-            if waiter.poll_released(cx).is_ready() {
+            if let Poll::Ready(released) = B::poll_released(waiter, cx) {
+                released?;
                 return Poll::Ready(Ok(Event::Released));
             }
         }
+        let Some(need) = need else {
+            return Poll::Pending;
+        };
         // The buffer is allocated only once bytes are there to fill it.
         ready!(self.stream.poll_read_ready(cx))?;
         self.input.reserve(
@@ -274,7 +352,7 @@ impl Handler {
         // one (or the start of the batch), so it covers decoding it too.
         let mut mark = Instant::now();
         loop {
-            if self.output.len() >= FLUSH_AT_BYTES {
+            if self.output.len() >= FLUSH_AT_BYTES || self.in_flight.is_some() {
                 return Ok(());
             }
             if self.waiting.is_none() {
@@ -324,10 +402,14 @@ impl Handler {
     }
 
     /// Applies one request to the store and queues its reply, counting it in the metrics as
-    /// taking the time since `mark` (which moves to now).
+    /// taking the time since `mark` (which moves to now). A request the backend answers later
+    /// is counted when it is answered.
     fn apply(&mut self, request: Request, mark: &mut Instant) -> Result<(), Closed> {
         let opcode = request.opcode();
         let applied = self.apply_uncounted(request);
+        if self.in_flight.is_some() {
+            return applied;
+        }
         let now = Instant::now();
         let took = now.saturating_duration_since(*mark);
         *mark = now;
@@ -335,76 +417,36 @@ impl Handler {
         applied
     }
 
+    /// Acts on a backend's outcome: queues the reply, or keeps the wait.
+    fn take_outcome(&mut self, outcome: Outcome<B::Waiter>) {
+        match outcome {
+            Outcome::Reply(reply) => self.output.reply(reply),
+            Outcome::Silent => {}
+            Outcome::Waiting(waiter) => self.waiting = Some(waiter),
+        }
+    }
+
     fn apply_uncounted(&mut self, request: Request) -> Result<(), Closed> {
-        let db = &self.db;
         let reply = match request {
             Request::Validate { .. } => return Err(Closed::Refused("second VALIDATE".into())),
-            Request::Set { key, value } => {
-                db.set(key, value);
-                return Ok(());
-            }
-            Request::CompareSet {
-                key,
-                expected,
-                desired,
-            } => Reply::Value(db.compare_set(key, expected, desired)),
-            Request::Get { key } => Reply::Value(db.get(&key)),
-            Request::Add { key, delta } => Reply::Int(
-                db.add(&key, delta)
-                    .map_err(|e| Closed::Refused(e.to_string()))?,
-            ),
-            Request::Check { keys } => Reply::Byte(if db.check(&keys) {
-                crate::tcp::codec::READY
-            } else {
-                crate::tcp::codec::NOT_READY
-            }),
-            Request::Wait { keys } => match db.wait(keys) {
-                None => Reply::Byte(STOP_WAITING),
-                Some(waiter) => {
-                    self.waiting = Some(waiter);
-                    return Ok(());
-                }
-            },
-            Request::GetNumKeys => Reply::Int(db.num_keys()),
-            Request::DeleteKey { key } => Reply::Int(db.delete_key(&key)),
-            Request::Append { key, value } => {
-                db.append(key, &value);
-                return Ok(());
-            }
-            Request::MultiGet { keys } => Reply::Values(db.multi_get(&keys)),
-            Request::MultiSet { pairs } => {
-                db.multi_set(pairs);
-                return Ok(());
-            }
             Request::CancelWait => Reply::Byte(WAIT_CANCELED),
             Request::Ping {
                 nonce: FERRODIST_PING,
             } => {
                 self.holds_behind_wait = true;
-                Reply::Nonce(FERRODIST_PONG)
+                Reply::Nonce(if B::DURABLE {
+                    FERRODIST_PONG_DURABLE
+                } else {
+                    FERRODIST_PONG
+                })
             }
             Request::Ping { nonce } => Reply::Nonce(nonce),
-            Request::QueuePush { key, value } => {
-                db.queue_push(key, value);
-                return Ok(());
-            }
-            Request::QueuePop { key } => {
-                let (len_before, value) = db.queue_pop(&key);
-                Reply::Popped { len_before, value }
-            }
-            Request::QueueLen { key } => Reply::Int(db.queue_len(&key)),
-            Request::ListKeys => Reply::Keys(db.list_keys()),
-            Request::Barrier { key, world_size } => {
-                match db
-                    .barrier(key, world_size)
-                    .map_err(|e| Closed::Refused(e.to_string()))?
-                {
-                    None => Reply::Byte(STOP_WAITING),
-                    Some(waiter) => {
-                        self.waiting = Some(waiter);
-                        return Ok(());
-                    }
+            request => {
+                match self.backend.serve(request) {
+                    Served::Now(answer) => self.take_outcome(answer?),
+                    Served::Later(pending) => self.in_flight = Some(pending),
                 }
+                return Ok(());
             }
         };
         self.output.reply(reply);
@@ -412,7 +454,7 @@ impl Handler {
     }
 }
 
-impl Drop for Handler {
+impl<B: Backend> Drop for Handler<B> {
     fn drop(&mut self) {
         self.stop_handshake_deadline();
         self.shared.metrics.connection_closed();
@@ -443,7 +485,7 @@ mod tests {
                 .await
                 .unwrap();
             let (_trigger, shutdown, _drain) = shutdown::channel();
-            let handler = Handler::new(stream, Db::new(), Arc::default());
+            let handler: Handler = Handler::new(stream, Db::new(), Arc::default());
             let future = handler.run(shutdown);
             let size = std::mem::size_of_val(&future);
             assert!(size <= 288, "a connection's future grew to {size} bytes");

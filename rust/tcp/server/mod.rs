@@ -24,14 +24,19 @@
 //! # Files
 //!
 //! * `mod.rs`: bind, accept, the [`Server`] handle; `handler.rs`: one connection;
+//!   `backend.rs`: what a connection serves requests from (the in-memory [`Db`], or etcd
+//!   through `etcd_backend.rs`);
 //!   `outbox.rs`: its replies not yet written (large MULTI_GET replies streamed);
 //!   `shutdown.rs`: stop signal and drain; `handshake_deadline.rs`: closes connections that
 //!   never validate; `log_budget.rs`: at most so many warnings a second per call site;
 //!   `handler/admission.rs`: a connection's handshake (VALIDATE, the token's proof);
 //!   `metrics.rs`: the counters and their Prometheus text; `metrics_http.rs`: their endpoint.
 //!
-//! The key-value state the server serves is [`crate::store::db`], shared with HashStore.
+//! The key-value state the server serves is [`crate::store::db`], shared with HashStore, or,
+//! with [`Server::serve_backend`] and an [`etcd_backend::EtcdBackend`], an etcd cluster.
 
+pub mod backend;
+pub mod etcd_backend;
 pub mod handler;
 pub mod handshake_deadline;
 pub mod log_budget;
@@ -47,6 +52,7 @@ use std::time::Duration;
 use socket2::{Domain, Protocol, Socket, Type};
 use tokio::net::TcpListener;
 
+use self::backend::Backend;
 use self::handler::Handler;
 use self::metrics::{Metrics, Refusal};
 use self::shutdown::{Drain, Shutdown, Trigger};
@@ -255,12 +261,30 @@ impl Server {
 
     /// Starts serving on an already listening socket (from [`bind`] or [`adopt`]).
     pub fn serve(listener: std::net::TcpListener, config: &ServerConfig) -> Result<Server> {
+        let db = Db::new();
+        Server::serve_backend(listener, config, db.clone(), db)
+    }
+
+    /// Binds per `config` and serves requests from `backend` (an etcd cluster, say).
+    pub fn start_with_backend<B: Backend>(config: &ServerConfig, backend: B) -> Result<Server> {
+        let listener = bind(config)?;
+        Server::serve_backend(listener, config, backend, Db::new())
+    }
+
+    /// Starts serving requests from `backend` on an already listening socket. `db` is what
+    /// [`Server::db`] and the metrics' key gauges read (the backend itself for the in-memory
+    /// engine; an empty one that stays empty for a backend elsewhere).
+    pub fn serve_backend<B: Backend>(
+        listener: std::net::TcpListener,
+        config: &ServerConfig,
+        backend: B,
+        db: Db,
+    ) -> Result<Server> {
         warn_if_backlog_too_small(config.expected_clients);
         listener.set_nonblocking(true)?;
         socket2::SockRef::from(&listener).set_tcp_nodelay(true)?;
         let local_addr = listener.local_addr()?;
         let listening = listener.try_clone()?;
-        let db = Db::new();
         let shared = Arc::new(Shared::new(config));
         let (trigger, shutdown, drain) = shutdown::channel();
         let runtime = crate::runtime::runtime();
@@ -275,7 +299,7 @@ impl Server {
             let served = metrics_http::serve(scrapes, db.clone(), shared.clone(), shutdown.clone());
             runtime.spawn(served);
         }
-        runtime.spawn(accept_loop(listener, db.clone(), shared.clone(), shutdown));
+        runtime.spawn(accept_loop(listener, backend, shared.clone(), shutdown));
         tracing::info!(%local_addr, "store server listening");
         if let Some(addr) = metrics_addr {
             tracing::info!(%addr, "metrics on http://{addr}/metrics");
@@ -409,9 +433,9 @@ fn bind_metrics(addr: &str) -> Result<TcpListener> {
 
 /// Accepts connections until shutdown; each gets its own task. Beyond `max_connections` open
 /// ones, a new connection is closed at once (the peer sees it closed before any reply).
-pub async fn accept_loop(
+pub async fn accept_loop<B: Backend>(
     listener: TcpListener,
-    db: Db,
+    backend: B,
     shared: Arc<Shared>,
     mut shutdown: Shutdown,
 ) {
@@ -438,7 +462,7 @@ pub async fn accept_loop(
                     }
                 }
                 let validate_within = shared.validate_within;
-                let handler = Handler::new(stream, db.clone(), Arc::clone(&shared))
+                let handler = Handler::new(stream, backend.clone(), Arc::clone(&shared))
                     .with_handshake_deadline(validate_within);
                 tokio::spawn(handler.run(shutdown.clone()));
             }

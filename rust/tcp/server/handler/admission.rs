@@ -12,8 +12,11 @@
 //! validates.
 
 use super::{Closed, Handler};
-use crate::tcp::auth::{self, ADMITTED, CHALLENGE_LEN, FERRODIST_PONG_AUTH, PROOF_LEN, REFUSED};
+use crate::tcp::auth::{
+    self, ADMITTED, ADMITTED_DURABLE, CHALLENGE_LEN, FERRODIST_PONG_AUTH, PROOF_LEN, REFUSED,
+};
 use crate::tcp::codec::{Reply, Request, FERRODIST_PING, VALIDATE_MAGIC};
+use crate::tcp::server::backend::Backend;
 use crate::tcp::server::handshake_deadline;
 use crate::tcp::server::metrics::Refusal;
 
@@ -56,7 +59,7 @@ const TORCH_CLIENT: Closed = Closed::Unauthenticated(
      allow_unauthenticated_torch_clients=True, admits such clients)",
 );
 
-impl Handler {
+impl<B: Backend> Handler<B> {
     /// One step of the handshake over the buffered input.
     pub(super) fn handshake_step(&mut self) -> Result<Step, Closed> {
         match self.stage {
@@ -119,7 +122,11 @@ impl Handler {
             .as_ref()
             .is_some_and(|token| token.verify(&challenge[..], &proof));
         if proven {
-            self.output.put_u8(ADMITTED);
+            self.output.put_u8(if B::DURABLE {
+                ADMITTED_DURABLE
+            } else {
+                ADMITTED
+            });
             self.admit();
             self.holds_behind_wait = true; // only ferrodist's client gets this far
             Step::Next
