@@ -138,7 +138,23 @@ def check_state_dicts(rank: int, world: int) -> None:
             tag + " after load",
         )
         check_local_refused(theirs, ours, t_opt, o_opt, tag)
+        check_deprecated(theirs, ours, t_opt, o_opt, tag)
     dist.barrier()
+
+
+def check_deprecated(theirs: Any, ours: Any, t_opt: Any, o_opt: Any, tag: str) -> None:
+    """The deprecated ``sharded_optim_state_dict`` reads each unit's current optimizer config
+    without marking it: ShardedTensors under the default FULL settings, DTensors once
+    ``get_state_dict_type`` has turned ``_use_dtensor`` on in that same config object."""
+    for marked in (False, True):
+        if marked:
+            TorchFSDP.get_state_dict_type(theirs)
+            FerroFSDP.get_state_dict_type(ours)
+        t_osd = TorchFSDP.sharded_optim_state_dict(theirs, t_opt)
+        o_osd = FerroFSDP.sharded_optim_state_dict(ours, o_opt)
+        assert_same(t_osd, o_osd, f"{tag} deprecated marked={marked}")
+        kind = DTensor if marked else ShardedTensor
+        assert any(isinstance(v, kind) for e in o_osd["state"].values() for v in e.values()), tag
 
 
 def check_local_refused(theirs: Any, ours: Any, t_opt: Any, o_opt: Any, tag: str) -> None:
