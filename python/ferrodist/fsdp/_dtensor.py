@@ -4,7 +4,8 @@ Why a module of its own: the SHARDED model and optimizer state dicts share the r
 DTensors replace ShardedTensors and the way to cut and to gather one. torch's rule: a unit that
 has a device mesh turns ``_use_dtensor`` on in the config it is asked with (the model's config
 when its state dict is taken or loaded, the optimizer's when the settings are read), and refuses
-LOCAL state dicts; a user may also set ``_use_dtensor`` by hand. Each parameter or per-element
+LOCAL state dicts; a user may also set ``_use_dtensor`` by hand (it needs the mesh all the
+same: without one, chunking fails as torch's does). Each parameter or per-element
 optimizer state is then cut along dim 0 like ``torch.chunk`` over the mesh's last dimension
 (the shard group) and replicated over any dimension before it (HYBRID_SHARD's replicate group):
 placements ``[Shard(0)]`` on a 1-D mesh, ``[Replicate(), Shard(0)]`` on a 2-D one. Chunks are
@@ -58,6 +59,7 @@ def mark_optim_config(unit: FullyShardedDataParallel) -> None:
 
 
 def wanted(config: Any) -> bool:
+    """Whether ``config`` asks for DTensors (torch reads the attribute off any config)."""
     return bool(getattr(config, "_use_dtensor", False))
 
 
