@@ -5,7 +5,8 @@ It is keyed by original parameter names like the FULL one, and every positive-di
 a parameter FSDP manages (``exp_avg``, ``momentum_buffer``...) is a ``ShardedTensor`` cut into
 dim-0 chunks over that parameter's unit group. Scalars (``step``), the states of parameters
 FSDP does not manage, and (torch's exception) those of ``use_orig_params`` units that are not
-sharded stay plain. ``torch.distributed.checkpoint`` saves such a dict and reshards
+sharded stay plain. With a device mesh those chunks are DTensors instead (``_dtensor``).
+``torch.distributed.checkpoint`` saves such a dict and reshards
 it to any world size on load, so a checkpoint moves between world sizes and between torch's FSDP
 and ferrodist's. Loading gathers every ``ShardedTensor`` back into a whole tensor and cuts the
 result as the FULL path does.
@@ -20,13 +21,15 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from . import _optim_state
+from . import _dtensor, _optim_state
 from ._collectives import all_gather_flat
 
 if TYPE_CHECKING:
     from torch.distributed._shard.sharded_tensor import ShardedTensor
+    from torch.distributed.tensor import DTensor
 
     from ._flat import FlatHandle
+    from ._wrapper import FullyShardedDataParallel
 
 
 def _managed_handles(model: nn.Module) -> dict[str, FlatHandle]:
@@ -35,10 +38,26 @@ def _managed_handles(model: nn.Module) -> dict[str, FlatHandle]:
     return {fqn: handle for handle, fqns in handles for fqn in fqns}
 
 
-def _chunk(value: torch.Tensor, handle: FlatHandle) -> ShardedTensor:
-    """``value`` cut into dim-0 chunks over the unit's group; this rank keeps its own chunk."""
+def _units_by_handle(model: nn.Module) -> dict[int, FullyShardedDataParallel]:
+    from ._wrapper import FullyShardedDataParallel
+
+    return {
+        id(unit._handle): unit
+        for unit in model.modules()
+        if isinstance(unit, FullyShardedDataParallel) and unit._handle is not None
+    }
+
+
+def _chunk(value: torch.Tensor, unit: FullyShardedDataParallel) -> ShardedTensor | DTensor:
+    """``value`` cut into dim-0 chunks over the unit's group; this rank keeps its own chunk.
+    A DTensor on the unit's device mesh where its optimizer config asks for one (torch reads
+    each unit's own config)."""
     from torch.distributed.fsdp._shard_utils import _create_chunk_sharded_tensor
 
+    if _dtensor.wanted(unit._optim_state_dict_config):
+        return _dtensor.chunk(value, unit._device_mesh)
+    handle = unit._handle
+    assert handle is not None
     per_node = torch.cuda.device_count() if value.device.type == "cuda" else 1
     return _create_chunk_sharded_tensor(
         value, handle.rank, handle.world_size, per_node, handle.group
@@ -56,6 +75,7 @@ def sharded_optim_state_dict(
         model, optim, optim_state, rank0_only=False, offload_to_cpu=False
     )
     handles = _managed_handles(model)
+    units = _units_by_handle(model)
     for fqn, entry in out["state"].items():
         handle = handles.get(fqn)
         if not isinstance(entry, dict):
@@ -64,7 +84,7 @@ def sharded_optim_state_dict(
             if not isinstance(value, torch.Tensor):
                 continue
             if handle is not None and value.dim() > 0 and not _optim_state._kept_as_is(handle):
-                value = _chunk(value, handle)
+                value = _chunk(value, units[id(handle)])
             entry[key] = value.cpu() if offload_to_cpu else value
     return out
 
@@ -114,12 +134,13 @@ def gather(value: ShardedTensor) -> torch.Tensor:
 
 
 def gathered(model: nn.Module, osd: dict[str, Any]) -> dict[str, Any]:
-    """``osd`` with every ``ShardedTensor`` state replaced by its whole tensor.
+    """``osd`` with every ``ShardedTensor`` or DTensor state replaced by its whole tensor.
 
     The all-gathers run in the model's parameter order, state names sorted, then any other
     entries in the dict's order, so every rank issues them alike.
     """
     from torch.distributed._shard.sharded_tensor import ShardedTensor
+    from torch.distributed.tensor import DTensor
 
     state = osd.get("state", {})
     order = [fqn for fqn in _managed_handles(model) if fqn in state]
@@ -130,12 +151,14 @@ def gathered(model: nn.Module, osd: dict[str, Any]) -> dict[str, Any]:
         entry = state[fqn]
         if not isinstance(entry, dict):
             continue
-        if not any(isinstance(v, ShardedTensor) for v in entry.values()):
+        if not any(isinstance(v, (ShardedTensor, DTensor)) for v in entry.values()):
             continue
         new_entry = dict(entry)
         for key in sorted(entry, key=str):
             value = entry[key]
             if isinstance(value, ShardedTensor):
                 new_entry[key] = gather(value)
+            elif isinstance(value, DTensor):
+                new_entry[key] = _dtensor.gather(value)
         out_state[fqn] = new_entry
     return {**osd, "state": out_state}

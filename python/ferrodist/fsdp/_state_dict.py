@@ -7,8 +7,9 @@ that is not sharded at all. It is built by gathering every unit (``_unshard.summ
 keys; loading is the reverse, with the gathered buffers written back into each rank's shard.
 LOCAL is torch's too: each unit's unpadded shard as a ``ShardedTensor`` under ``_flat_param``,
 for saving and loading at the same world size without any communication. SHARDED is the FULL
-dict with each parameter cut into dim-0 chunks (torch's ``ShardedTensor``s, what
-``torch.distributed.checkpoint`` writes), so it reshards to any world size on load.
+dict with each parameter cut into dim-0 chunks (torch's ``ShardedTensor``s, or DTensors when FSDP
+has a device mesh; what ``torch.distributed.checkpoint`` writes), so it reshards to any world
+size on load.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from torch.distributed.fsdp import (
 )
 from torch.nn.modules.module import _IncompatibleKeys
 
-from . import _state_dict_sharded, _unshard
+from . import _dtensor, _state_dict_sharded, _unshard
 
 if TYPE_CHECKING:
     from ._wrapper import FullyShardedDataParallel
@@ -117,6 +118,7 @@ def get_type(module: nn.Module) -> StateDictSettings:
                 "All FSDP modules must have the same state dict settings."
                 f"Got {mine} and {settings}."
             )
+        _dtensor.mark_optim_config(unit)
     if settings is None:
         raise ValueError("No FSDP modules found in the module tree")
     return settings
@@ -142,6 +144,7 @@ def state_dict(unit: FullyShardedDataParallel, *args: Any, **kwargs: Any) -> Any
     """The state dict of ``unit``'s type (FULL: plain, cloned tensors under original names)."""
     if getattr(unit, "_walking_state_dict", False):
         return nn.Module.state_dict(unit, *args, **kwargs)
+    _dtensor.mark_model_config(units_under(unit))
     kind = unit._state_dict_type
     if kind == StateDictType.LOCAL_STATE_DICT:
         return _state_dict_sharded.local_state_dict(unit, *args, **kwargs)
@@ -198,6 +201,7 @@ def load_state_dict(
     """Load a state dict of ``unit``'s type; returns torch's ``_IncompatibleKeys``."""
     from ._wrapper import FLAT, clean_name
 
+    _dtensor.mark_model_config(units_under(unit))
     kind = unit._state_dict_type
     if kind == StateDictType.LOCAL_STATE_DICT:
         return _state_dict_sharded.load_local_state_dict(unit, state, strict)

@@ -6,7 +6,7 @@ unpadded flat shard under ``_flat_param`` (same world size, no communication). W
 loading writes back) and reports the ``_flat_param`` keys as unexpected on load; ferrodist does
 the same. SHARDED is the FULL dict with every parameter cut into dim-0 chunks, what
 ``torch.distributed.checkpoint`` writes and reshards to any world size on load (one all-gather
-per parameter).
+per parameter); DTensors instead of ShardedTensors when FSDP has a device mesh (``_dtensor``).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.modules.module import _IncompatibleKeys
 
-from . import _state_dict
+from . import _dtensor, _state_dict
 
 if TYPE_CHECKING:
     from ._flat import FlatHandle
@@ -135,8 +135,8 @@ def load_local_state_dict(
 # ----- SHARDED: each original parameter chunked along dim 0 across the shard group -----
 
 
-def _param_handles(unit: FullyShardedDataParallel) -> dict[str, FlatHandle]:
-    """Clean name of every flattened original parameter -> its unit's handle."""
+def _param_units(unit: FullyShardedDataParallel) -> dict[str, FullyShardedDataParallel]:
+    """Clean name of every flattened original parameter -> the unit that flattened it."""
     from ._wrapper import FullyShardedDataParallel, clean_name
 
     out = {}
@@ -150,45 +150,59 @@ def _param_handles(unit: FullyShardedDataParallel) -> dict[str, FlatHandle]:
                 )
             prefix = clean_name(name)
             for slot in handle.slots:
-                out[clean_name(f"{prefix}.{slot.fqn}" if prefix else slot.fqn)] = handle
+                out[clean_name(f"{prefix}.{slot.fqn}" if prefix else slot.fqn)] = sub
     return out
 
 
 def sharded_state_dict(unit: FullyShardedDataParallel, *args: Any, **kwargs: Any) -> Any:
     """torch's SHARDED state dict: the FULL one with every parameter cut into dim-0 chunks,
-    one ``ShardedTensor`` per parameter (what ``torch.distributed.checkpoint`` saves)."""
+    one ``ShardedTensor`` (or, with ``_use_dtensor``, one DTensor on the unit's device mesh)
+    per parameter: what ``torch.distributed.checkpoint`` saves."""
     from torch.distributed.fsdp._shard_utils import _create_chunk_sharded_tensor
 
-    handles = _param_handles(unit)
+    owners = _param_units(unit)
     config = unit._state_dict_config
     full = _state_dict.full_state_dict(unit, False, False, *args, **kwargs)
     prefix = kwargs.get("prefix", args[1] if len(args) > 1 else "")
     for key, value in list(full.items()):
-        handle = handles.get(key[len(prefix) :])
-        if handle is None:
+        owner = owners.get(key[len(prefix) :])
+        if owner is None:
             continue
-        device = value.device
-        per_node = torch.cuda.device_count() if device.type == "cuda" else 1
-        chunked = _create_chunk_sharded_tensor(
-            value, handle.rank, handle.world_size, per_node, handle.group, device=device
-        )
+        handle = owner._handle
+        assert handle is not None
+        chunked: Any
+        if _dtensor.wanted(owner._state_dict_config):
+            chunked = _dtensor.chunk(value, owner._device_mesh)
+        else:
+            device = value.device
+            per_node = torch.cuda.device_count() if device.type == "cuda" else 1
+            chunked = _create_chunk_sharded_tensor(
+                value, handle.rank, handle.world_size, per_node, handle.group, device=device
+            )
         full[key] = chunked.cpu() if getattr(config, "offload_to_cpu", False) else chunked
     return full
 
 
 def gather_sharded(unit: FullyShardedDataParallel, state: Any) -> Any:
-    """The FULL state dict a SHARDED one stands for (one all-gather per parameter)."""
+    """The FULL state dict a SHARDED one stands for (one all-gather per parameter), from
+    ShardedTensors or DTensors alike."""
     from torch.distributed._shard.sharded_tensor import ShardedTensor
+    from torch.distributed.tensor import DTensor
 
     from ._collectives import all_gather_flat
 
-    handles = _param_handles(unit)
+    owners = _param_units(unit)
     out = type(state)()
     for key, value in state.items():
-        handle = handles.get(key)
-        if handle is None or not isinstance(value, ShardedTensor):
+        owner = owners.get(key)
+        if owner is not None and isinstance(value, DTensor):
+            out[key] = _dtensor.gather(value)
+            continue
+        if owner is None or not isinstance(value, ShardedTensor):
             out[key] = value
             continue
+        handle = owner._handle
+        assert handle is not None
         size = value.size()
         numel = size.numel()
         chunk = -(-size[0] // handle.world_size) * numel // size[0]

@@ -84,6 +84,8 @@ class FullyShardedDataParallel(nn.Module, OptimStateDictMethods):
         self._group, self._inter_group = _construct.resolve_groups(
             process_group, strategy, device_mesh, auto_wrap_policy
         )
+        # Kept for the state dicts: with a mesh, SHARDED ones hold DTensors (see _dtensor).
+        self._device_mesh = device_mesh
         self.rank = self._group.rank()
         self.world_size = self._group.size()
         strategy = _construct.strategy_for_world(strategy, self.world_size)
