@@ -228,6 +228,25 @@ def check_ignored_and_shared(rank: int, world: int) -> None:
     dist.barrier()
 
 
+def check_no_shard_state_dict_types(rank: int, world: int) -> None:
+    """NO_SHARD under LOCAL or SHARDED gives (and loads) a FULL state dict, as torch's does."""
+    from torch.distributed.fsdp import StateDictType
+
+    for kind in (StateDictType.LOCAL_STATE_DICT, StateDictType.SHARDED_STATE_DICT):
+        theirs, ours = wrap_both(ShardingStrategy.NO_SHARD, False, True, None)
+        states = []
+        for cls, model in ((TorchFSDP, theirs), (FerroFSDP, ours)):
+            with cls.state_dict_type(model, kind):
+                with warnings.catch_warnings(record=True) as caught:
+                    warnings.simplefilter("always")
+                    states.append(model.state_dict())
+                    model.load_state_dict(states[-1])
+            assert any("full_state_dict will" in str(w.message) for w in caught), (cls, kind)
+        assert_same_state(states[0], states[1], f"NO_SHARD {kind}")
+        assert all(type(v) is torch.Tensor for v in states[1].values()), kind
+    dist.barrier()
+
+
 def check_cpu_offload(rank: int, world: int) -> None:
     """``CPUOffload(offload_params=True)`` on a CPU-only machine, where torch's needs CUDA:
     ferrodist's trains to exactly the numbers of torch's FSDP without offload."""
@@ -283,6 +302,7 @@ def run_world(rank: int, world: int, tmp: str, load_from: Optional[int] = None) 
             check_local_state_dict(rank, world)
             check_cpu_offload(rank, world)
             check_ignored_and_shared(rank, world)
+            check_no_shard_state_dict_types(rank, world)
         if world == 4:
             check_device_mesh(rank, world)
         check_state_dict_interop(rank, world, tmp, load_from)

@@ -14,6 +14,7 @@ size on load.
 
 from __future__ import annotations
 
+import warnings
 from typing import TYPE_CHECKING, Any, Optional
 
 import torch
@@ -27,6 +28,7 @@ from torch.distributed.fsdp import (
     OptimStateDictConfig,
     ShardedOptimStateDictConfig,
     ShardedStateDictConfig,
+    ShardingStrategy,
     StateDictConfig,
     StateDictSettings,
     StateDictType,
@@ -144,6 +146,14 @@ def state_dict(unit: FullyShardedDataParallel, *args: Any, **kwargs: Any) -> Any
     """The state dict of ``unit``'s type (FULL: plain, cloned tensors under original names)."""
     if getattr(unit, "_walking_state_dict", False):
         return nn.Module.state_dict(unit, *args, **kwargs)
+    if unit.sharding_strategy == ShardingStrategy.NO_SHARD:
+        # torch's rule: an unsharded unit gives a FULL state dict with FULL's default config,
+        # whatever type was asked for.
+        warnings.warn(
+            "When using ``NO_SHARD`` for ``ShardingStrategy``, full_state_dict will be returned.",
+            stacklevel=3,
+        )
+        return full_state_dict(unit, False, False, *args, **kwargs)
     _dtensor.mark_model_config(units_under(unit))
     kind = unit._state_dict_type
     if kind == StateDictType.LOCAL_STATE_DICT:
@@ -201,8 +211,15 @@ def load_state_dict(
     """Load a state dict of ``unit``'s type; returns torch's ``_IncompatibleKeys``."""
     from ._wrapper import FLAT, clean_name
 
-    _dtensor.mark_model_config(units_under(unit))
     kind = unit._state_dict_type
+    if unit.sharding_strategy == ShardingStrategy.NO_SHARD:
+        warnings.warn(  # torch's text, its missing space included
+            "When using ``NO_SHARD`` for ``ShardingStrategy``, full_state_dict willbe returned.",
+            stacklevel=3,
+        )
+        kind = StateDictType.FULL_STATE_DICT
+    else:
+        _dtensor.mark_model_config(units_under(unit))
     if kind == StateDictType.LOCAL_STATE_DICT:
         return _state_dict_sharded.load_local_state_dict(unit, state, strict)
     if kind == StateDictType.SHARDED_STATE_DICT:
