@@ -292,7 +292,10 @@ class Reducer(ReducerJoinSupport):
     def _run_comm_hook(self, grad_bucket: GradBucket) -> Any:
         """Run the registered hook (or the default sum all-reduce) on one bucket."""
         if self._comm_hook is None:
-            return comm_hook.allreduce_sum_future(self._process_group, grad_bucket.buffer())
+            # the work's own future (its value: [buffer]), no Python callback on gloo's thread
+            work = tdist.all_reduce(grad_bucket.buffer(), group=self._process_group, async_op=True)
+            assert work is not None
+            return work.get_future()
         return comm_hook.checked_future(self._comm_hook(grad_bucket))
 
     @property
@@ -344,12 +347,22 @@ class Reducer(ReducerJoinSupport):
         if self._mixed_precision is not None:
             self._mixed_precision.to_full_precision()
         with torch.no_grad():
+            # The .grad copies of finished buckets are gathered and done in one call, just
+            # before waiting on a bucket still in flight (so they overlap its reduction) and
+            # at the end: one call instead of one per bucket, the same copies.
+            copies: tuple[list[torch.Tensor], list[torch.Tensor]] = ([], [])
             for bucket in self._buckets:
-                if bucket.future is None:
+                future = bucket.future
+                if future is None:
                     assert self._skip_unused, "a bucket was never reduced"
                     continue  # skipped as unused: nothing to write back
-                result = comm_hook.hook_result_tensor(bucket.future.wait())
-                bucket.write_back(result, self._as_bucket_view, unused)
+                if copies[0] and not future.done():
+                    torch._foreach_copy_(*copies)
+                    copies = ([], [])
+                result = comm_hook.hook_result_tensor(future.wait())
+                bucket.write_back(result, self._as_bucket_view, unused, copies)
+            if copies[0]:
+                torch._foreach_copy_(*copies)
         if self._used_work is not None:
             self._used_work.wait()
             self._used_work = None
