@@ -6,7 +6,9 @@ gradients can live back to back in one flat tensor that a single all-reduce move
 Filling and writing back happen once per bucket, not once per gradient: small gradients are
 moved with one ``torch._foreach_*`` call for the whole bucket (a Python call per tensor costs
 more than copying a few kilobytes), large ones one by one with a single pass each (multiply by
-``1 / world_size`` while copying, as torch's Reducer does). Either way every element goes
+``1 / world_size`` while copying, as torch's Reducer does); with a comm hook nothing is divided,
+so the whole bucket is one plain ``_foreach_copy_``. The copies back into ``.grad`` can be
+gathered across buckets into one call (see ``write_back``). Either way every element goes
 through the same arithmetic as in torch's Reducer, so results stay bitwise equal.
 """
 
@@ -205,6 +207,12 @@ class Bucket:
             if scale is not None:
                 self.buffer.mul_(scale)
             return
+        if scale is None:  # a plain copy is one pass at any size: one call for the bucket
+            if whole:
+                torch._foreach_copy_(views, grads)
+            else:
+                torch._foreach_copy_([views[p] for p in positions], [grads[p] for p in positions])
+            return
         small_views, small_grads = [], []
         for pos in positions:
             grad, view = grads[pos], views[pos]
@@ -224,13 +232,18 @@ class Bucket:
     # ---- out of the bucket ------------------------------------------------------------------
 
     def write_back(
-        self, result: torch.Tensor, as_bucket_view: bool, unused: frozenset[int]
+        self,
+        result: torch.Tensor,
+        as_bucket_view: bool,
+        unused: frozenset[int],
+        copies: Optional[tuple[list[torch.Tensor], list[torch.Tensor]]] = None,
     ) -> None:
         """Copy the reduced values ``result`` (flat, bucket layout) into each ``.grad``.
 
         A parameter no rank used (its index in ``unused``) keeps its ``.grad`` untouched. With
         ``as_bucket_view`` the reduced values land in the bucket and ``.grad`` stays (or
-        becomes) the bucket view.
+        becomes) the bucket view. ``copies`` (targets, sources), when given, collects the
+        ``.grad`` copies instead of doing them, for the caller to do several buckets' at once.
         """
         buffer = self.buffer
         if self.sparse:
@@ -259,10 +272,16 @@ class Bucket:
                 elif grad.data_ptr() != views[pos].data_ptr():
                     raise RuntimeError(_VIEW_ERROR)
             return
+        if copies is not None:
+            targets, sources = copies
+        else:
+            targets, sources = [], []
         if not unused and _all_defined(grads):
-            torch._foreach_copy_(grads, views)  # type: ignore[arg-type]
+            targets += grads  # type: ignore[arg-type]
+            sources += views
+            if copies is None:
+                torch._foreach_copy_(targets, sources)
             return
-        targets, sources = [], []
         for pos, index in enumerate(self.variable_indices):
             if index in unused:
                 continue
@@ -273,5 +292,5 @@ class Bucket:
             else:
                 targets.append(grad)
                 sources.append(views[pos])
-        if targets:
+        if copies is None and targets:
             torch._foreach_copy_(targets, sources)

@@ -68,10 +68,6 @@ class DistributedDataParallel(DDPJoinSupport, torch.nn.Module, Joinable):
                 "delay_all_reduce_named_params and param_to_hook_all_reduce "
                 "need to be set at the same time."
             )
-        if skip_all_reduce_unused_params:
-            raise NotImplementedError(
-                "ferrodist DDP does not support skip_all_reduce_unused_params yet."
-            )
         if mixed_precision is not None:
             check_mixed_precision(mixed_precision)
         if process_group is not None and device_mesh is not None:

@@ -46,10 +46,13 @@ class GradBucket:
         return self._buffer
 
     def gradients(self) -> list[torch.Tensor]:
-        """One view into ``buffer()`` per parameter, shaped like the parameter (for a sparse
-        gradient's bucket: the sparse gradient itself)."""
+        """One view into ``buffer()`` per parameter, shaped like the parameter.
+
+        A sparse gradient's bucket has none (a sparse tensor has no flat views): empty, as in
+        torch, whose hooks zip this with ``parameters()`` and so leave sparse buckets alone.
+        """
         if self._buffer.layout == torch.sparse_coo:
-            return [self._buffer]
+            return []
         if self._views is not None:
             return list(self._views)
         return [

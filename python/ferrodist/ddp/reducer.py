@@ -81,6 +81,7 @@ class Reducer(ReducerJoinSupport):
         self._num_bwd_calls = 0
         self._num_iterations = 0
         self._unused: list[int] = []
+        self._unused_set: frozenset[int] = frozenset()
         self._global_used: Optional[torch.Tensor] = None
         self._used_work: Any = None
         self._div_factor: Optional[int] = None
@@ -188,6 +189,7 @@ class Reducer(ReducerJoinSupport):
         if not self._static_graph and self._find_unused:
             used = reachable_parameters(outputs)
             self._unused = [i for i, p in enumerate(self._params) if id(p) not in used]
+            self._unused_set = frozenset(self._unused)
         self._set_mode(armed=True)
         self._num_buckets_reduced = 0
         for bucket in self._buckets:
@@ -262,17 +264,27 @@ class Reducer(ReducerJoinSupport):
         with torch.no_grad():
             for b in range(first, end):
                 self._buckets[b].fill(divide_by, self._as_bucket_view)
-                self._all_reduce_bucket(b)
+                if not self._skips(self._buckets[b]):
+                    self._all_reduce_bucket(b)
+                    self._num_buckets_reduced += 1  # torch counts only these launches
         if all_launched:
             if self._dynamic_find_unused():
                 self._all_reduce_local_used_map()
             _engine_callback(self._end_of_backward)
 
+    def _skips(self, bucket: Bucket) -> bool:
+        """Whether ``bucket`` stays out of this iteration's reduction.
+
+        With ``skip_all_reduce_unused_params`` a bucket whose parameters this rank all left
+        unused is not reduced at all (torch's contract: every rank leaves the same parameters
+        unused, or the collectives no longer pair up); its gradients stay as they were.
+        """
+        return self._skip_unused and all(i in self._unused_set for i in bucket.variable_indices)
+
     def _all_reduce_bucket(self, b: int) -> None:
         if self.times.comm_start == 0:
             self.times.comm_start = time.time_ns()
         bucket = self._buckets[b]
-        self._num_buckets_reduced += 1
         bucket.future = self._run_comm_hook(
             bucket.grad_bucket(b, len(self._buckets), bucket.buffer)
         )
@@ -280,7 +292,10 @@ class Reducer(ReducerJoinSupport):
     def _run_comm_hook(self, grad_bucket: GradBucket) -> Any:
         """Run the registered hook (or the default sum all-reduce) on one bucket."""
         if self._comm_hook is None:
-            return comm_hook.allreduce_sum_future(self._process_group, grad_bucket.buffer())
+            # the work's own future (its value: [buffer]), no Python callback on gloo's thread
+            work = tdist.all_reduce(grad_bucket.buffer(), group=self._process_group, async_op=True)
+            assert work is not None
+            return work.get_future()
         return comm_hook.checked_future(self._comm_hook(grad_bucket))
 
     @property
@@ -314,6 +329,7 @@ class Reducer(ReducerJoinSupport):
         self.times.backward_compute_end = time.time_ns()
         self._all_reduce_local_used_map()
         self._unused = self._readiness.never_hooked()
+        self._unused_set = frozenset(self._unused)
         run = self._readiness.mark_all()
         self._set_divide_factor()
         divide_by = None if self._comm_hook is not None else (self._div_factor or 1)
@@ -331,10 +347,22 @@ class Reducer(ReducerJoinSupport):
         if self._mixed_precision is not None:
             self._mixed_precision.to_full_precision()
         with torch.no_grad():
+            # The .grad copies of finished buckets are gathered and done in one call, just
+            # before waiting on a bucket still in flight (so they overlap its reduction) and
+            # at the end: one call instead of one per bucket, the same copies.
+            copies: tuple[list[torch.Tensor], list[torch.Tensor]] = ([], [])
             for bucket in self._buckets:
-                assert bucket.future is not None
-                result = comm_hook.hook_result_tensor(bucket.future.wait())
-                bucket.write_back(result, self._as_bucket_view, unused)
+                future = bucket.future
+                if future is None:
+                    assert self._skip_unused, "a bucket was never reduced"
+                    continue  # skipped as unused: nothing to write back
+                if copies[0] and not future.done():
+                    torch._foreach_copy_(*copies)
+                    copies = ([], [])
+                result = comm_hook.hook_result_tensor(future.wait())
+                bucket.write_back(result, self._as_bucket_view, unused, copies)
+            if copies[0]:
+                torch._foreach_copy_(*copies)
         if self._used_work is not None:
             self._used_work.wait()
             self._used_work = None
