@@ -2,7 +2,7 @@
 //!
 //! `memory` (the default) is the in-process engine: fastest, and gone with the process.
 //! `etcd://host:port[,host:port...]/PREFIX` serves every request from an etcd cluster through
-//! an [`EtcdStore`] under `PREFIX/`, so the server holds nothing of its own: one that is killed
+//! an `EtcdStore` under `PREFIX/`, so the server holds nothing of its own: one that is killed
 //! and started again, or a second one beside it, serves every key clients were answered about.
 //! Login and TLS come from the `--etcd-*` flags (the password from a file or
 //! `FERRODIST_ETCD_PASSWORD`, never the command line, which `ps` shows to every user).

@@ -181,7 +181,7 @@ impl EtcdStore {
     }
 
     /// MULTI_GET: one value per key, empty for a missing one, read in one snapshot per
-    /// [`MAX_TXN_OPS`] keys.
+    /// `MAX_TXN_OPS` keys.
     pub async fn wire_multi_get(&self, keys: &[Bytes]) -> Result<Vec<Bytes>> {
         let mut out = Vec::with_capacity(keys.len());
         for chunk in keys.chunks(MAX_TXN_OPS) {
@@ -211,7 +211,7 @@ impl EtcdStore {
         Ok(out)
     }
 
-    /// MULTI_SET: in order, each batch of [`MAX_TXN_OPS`] pairs in one transaction.
+    /// MULTI_SET: in order, each batch of `MAX_TXN_OPS` pairs in one transaction.
     pub async fn wire_multi_set(&self, pairs: &[(Bytes, Bytes)]) -> Result<()> {
         for chunk in pairs.chunks(MAX_TXN_OPS) {
             let puts: Vec<TxnOp> = chunk
