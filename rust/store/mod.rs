@@ -5,8 +5,9 @@
 //!
 //! * **Every blocking call has a deadline.** `get`, `wait`, blocking `queue_pop` and `barrier`
 //!   use the store's timeout unless given one; a zero timeout means "no deadline", as in torch.
-//!   [`sliced`] cuts a long wait into short slices so a caller (Python) can check
-//!   for Ctrl-C between them without losing the overall deadline or its error message.
+//!   The `*_interruptibly` forms let a caller (Python) check for Ctrl-C every
+//!   [`INTERRUPT_POLL`] without losing the overall deadline or its error message: by default
+//!   [`sliced`] cuts the wait into short slices; EtcdStore checks beside one long watch.
 //! * **Defaults match torch's base class.** A store that lacks an operation gets torch's
 //!   fallback (append as a compare_set loop, multi_get one key at a time, barrier from add +
 //!   wait) or torch's `NotImplemented` error (queues, list_keys).
