@@ -286,13 +286,12 @@ impl PyNativeStore {
     fn multi_get(&self, py: Python<'_>, keys: Vec<Key>) -> PyResult<Vec<Vec<u8>>> {
         let keys = Key::strings(keys);
         if self.inner.interruptible_waits() {
-            // Wait first, Ctrl-C checked; a store that cannot check waits inside its own
-            // multi_get, as torch's PrefixStore leaves it to.
-            let timeout = self.inner.timeout();
-            detached_interruptible(py, |interrupted| {
-                self.inner.wait_interruptibly(&keys, timeout, interrupted)
-            })?;
+            return detached_interruptible(py, |interrupted| {
+                self.inner.multi_get_interruptibly(&keys, interrupted)
+            });
         }
+        // A store that cannot check for Ctrl-C waits inside its own multi_get, as torch's
+        // PrefixStore leaves it to.
         detached(py, || self.inner.multi_get(&keys))
     }
 

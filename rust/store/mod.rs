@@ -240,6 +240,17 @@ pub trait Store: Send + Sync {
         sliced(timeout, |slice| self.get_timeout(key, slice), interrupted)
     }
 
+    /// `multi_get`, checking `interrupted` while it waits for the keys, as
+    /// [`Store::wait_interruptibly`] does. Default: that wait (store timeout), then `multi_get`.
+    fn multi_get_interruptibly(
+        &self,
+        keys: &[String],
+        interrupted: Interrupt<'_>,
+    ) -> Result<Vec<Vec<u8>>> {
+        self.wait_interruptibly(keys, self.timeout(), interrupted)?;
+        self.multi_get(keys)
+    }
+
     /// `queue_pop_timeout`, checking `interrupted` as [`Store::wait_interruptibly`] does.
     fn queue_pop_interruptibly(
         &self,

@@ -148,6 +148,16 @@ impl Store for PrefixStore {
             .map_err(|e| self.unprefixed(e))
     }
 
+    fn multi_get_interruptibly(
+        &self,
+        keys: &[String],
+        interrupted: Interrupt<'_>,
+    ) -> Result<Vec<Vec<u8>>> {
+        self.inner
+            .multi_get_interruptibly(&self.keys(keys), interrupted)
+            .map_err(|e| self.unprefixed(e))
+    }
+
     fn queue_pop_interruptibly(
         &self,
         key: &str,

@@ -438,6 +438,15 @@ impl Store for EtcdStore {
     }
 
     fn multi_get(&self, keys: &[String]) -> Result<Vec<Vec<u8>>> {
+        self.multi_get_interruptibly(keys, &mut not_interrupted)
+    }
+
+    /// One snapshot when every key is there (no wait first: that would cost a read more).
+    fn multi_get_interruptibly(
+        &self,
+        keys: &[String],
+        interrupted: Interrupt<'_>,
+    ) -> Result<Vec<Vec<u8>>> {
         let timeout = self.timeout();
         let deadline = Deadline::after(timeout);
         loop {
@@ -449,7 +458,7 @@ impl Store for EtcdStore {
             if deadline.expired() {
                 return Err(Error::wait_timeout("multi_get", timeout, keys));
             }
-            self.present(keys, left, "multi_get", &mut not_interrupted)?;
+            self.present(keys, left, "multi_get", interrupted)?;
         }
     }
 
