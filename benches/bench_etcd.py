@@ -6,9 +6,10 @@ etcd_support.py), so etcd's fsync costs nothing here: on real disks each etcd wr
 disk flush more. All clients run as threads of this one process (so on one core of ferrodist's
 runtime for the Rust clients); a real job has them in separate processes and hosts.
 
-A rendezvous is ferrodist's join (``ferrodist._rendezvous.wait_for_ranks``: each client appends
-itself, adds to a counter, the last one sets a done key, the others wait on it) followed by one
-``get`` of the done key, with each client on its own connection.
+A rendezvous is ferrodist's join (``ferrodist._rendezvous.wait_for_ranks``: each client enrolls
+itself and learns how many have, the last one sets a done key, the others wait on it), with each
+client on its own connection. On the TCP stores enrolling is an append and an add; on etcd a key
+per client counted in the same transaction (``rust/store/etcd/roll.rs``).
 
     ./scripts/bench benches/bench_etcd.py [--clients 256 1024] [--seconds 0.3] [--rounds 3]
 """

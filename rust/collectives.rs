@@ -33,10 +33,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::error::{Error, Result};
-use crate::store::{sliced, Deadline, Store};
-
-/// Called between slices of a long wait; an `Err` (e.g. Ctrl-C) ends the collective with it.
-pub type Interrupt<'a> = &'a mut dyn FnMut() -> Result<()>;
+pub use crate::store::Interrupt;
+use crate::store::{Deadline, Store};
 
 /// Value of a barrier member's marker key, as torch writes it.
 const JOINED: &[u8] = b"joined";
@@ -156,11 +154,7 @@ impl StoreCollectives {
         interrupt: Interrupt<'_>,
     ) -> Result<Vec<u8>> {
         self.claim(&[key])?;
-        sliced(
-            timeout,
-            |slice| self.store.get_timeout(key, slice),
-            interrupt,
-        )
+        self.store.get_interruptibly(key, timeout, interrupt)
     }
 
     /// Non-root: contributes `data` to the gather `key`, failing if the store has not taken it
@@ -219,11 +213,7 @@ impl StoreCollectives {
     ) -> Result<Vec<u8>> {
         self.claim(&[key])?;
         let own = Self::member_key(key, self.rank);
-        sliced(
-            timeout,
-            |slice| self.store.get_timeout(&own, slice),
-            interrupt,
-        )
+        self.store.get_interruptibly(&own, timeout, interrupt)
     }
 
     /// Every rank's `data`, in rank order.
@@ -319,11 +309,9 @@ impl StoreCollectives {
         deadline: Deadline,
         interrupt: Interrupt<'_>,
     ) -> Result<()> {
-        let waited = sliced(
-            time_left(&deadline),
-            |slice| self.store.wait(keys, Some(slice)),
-            interrupt,
-        );
+        let waited = self
+            .store
+            .wait_interruptibly(keys, time_left(&deadline), interrupt);
         match waited {
             Err(err) if err.is_timeout() => {
                 if self.store.check(keys)? {

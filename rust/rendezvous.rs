@@ -4,12 +4,16 @@
 //! Keys, under the caller's prefix (which ferrodist's Python layer makes unique per torchelastic
 //! restart):
 //!
-//! * `joined`: each arriving rank appends `"{rank},"`, so one `get` lists every rank that came;
-//! * `count`: each arriving rank adds 1; the rank that brings it to `world_size` sets `done`;
-//! * `done`: what every other rank waits on.
+//! * the roll (see [`Store::enroll`]): each arriving rank enrolls itself and learns how many
+//!   ranks have, so exactly the rank that completes it knows it is last, and one read lists
+//!   every rank that came. On ferrodist's TCP, hash and file stores that is an append to
+//!   `joined` and an add to `count`, each one atomic step on the server; on etcd a key per rank
+//!   and a count of the roll in the same transaction (a shared key there is a compare-and-swap
+//!   that every rank contends for: O(n²) raft commits, and no 1024-rank rendezvous in 120 s);
+//! * `done`: set by the rank that completes the roll; what every other rank waits on.
 //!
-//! A prompt rendezvous therefore costs three requests per rank (append, add, wait). A slow one
-//! costs one more `get` of `joined` per report, however large the world: an earlier version
+//! A prompt rendezvous therefore costs two or three requests per rank (enroll, wait). A slow one
+//! costs one more read of the roll per report, however large the world: an earlier version
 //! sent a `check` per rank from every waiting rank every report (16.7 M requests per report at
 //! 4,096 ranks, just when start-up is slowest). A timeout names the ranks that never came.
 
@@ -17,7 +21,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
-use crate::store::{sliced, Deadline, Store};
+use crate::store::{Deadline, Interrupt, Store};
 
 /// Who has joined a rendezvous that is still waiting.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -66,7 +70,7 @@ fn ranges(ranks: &[usize]) -> String {
 /// One rank's part in a rendezvous, from its arrival until every rank has come.
 pub struct Join {
     store: Arc<dyn Store>,
-    joined_key: String,
+    roll: String,
     done_key: String,
     world_size: usize,
     started: Instant,
@@ -90,7 +94,7 @@ impl Join {
             )));
         }
         let join = Join {
-            joined_key: format!("{prefix}joined"),
+            roll: prefix.to_owned(),
             done_key: format!("{prefix}done"),
             world_size,
             started: Instant::now(),
@@ -98,10 +102,8 @@ impl Join {
             timeout,
             store,
         };
-        join.store
-            .append(&join.joined_key, format!("{rank},").as_bytes())?;
-        let arrived = join.store.add(&format!("{prefix}count"), 1)?;
-        let complete = arrived >= world_size as i64;
+        let arrived = join.store.enroll(&join.roll, rank)?;
+        let complete = arrived >= world_size;
         if complete {
             join.store.set(&join.done_key, b"1")?;
         }
@@ -115,14 +117,14 @@ impl Join {
     pub fn wait(
         &self,
         report_every: Duration,
-        interrupted: &mut dyn FnMut() -> Result<()>,
+        interrupted: Interrupt<'_>,
     ) -> Result<Option<Progress>> {
         let slice = match self.deadline.remaining() {
             Some(left) => report_every.min(left).max(Duration::from_millis(1)),
             None => report_every,
         };
         let keys = [self.done_key.clone()];
-        match sliced(slice, |s| self.store.wait(&keys, Some(s)), interrupted) {
+        match self.store.wait_interruptibly(&keys, slice, interrupted) {
             Ok(()) => return Ok(None),
             Err(err) if err.is_timeout() => {}
             Err(err) => return Err(err),
@@ -145,17 +147,12 @@ impl Join {
         Ok(Some(progress))
     }
 
-    /// Who has joined so far: one `get` of the `joined` list.
+    /// Who has joined so far: one read of the roll.
     pub fn progress(&self) -> Result<Progress> {
-        let listed = self
-            .store
-            .get_timeout(&self.joined_key, Duration::from_secs(1))?;
         let mut present = vec![false; self.world_size];
-        for rank in String::from_utf8_lossy(&listed).split(',') {
-            if let Ok(rank) = rank.trim().parse::<usize>() {
-                if rank < self.world_size {
-                    present[rank] = true;
-                }
+        for rank in self.store.enrolled(&self.roll)? {
+            if rank < self.world_size {
+                present[rank] = true;
             }
         }
         let (joined, missing) = (0..self.world_size).partition(|&r| present[r]);

@@ -17,9 +17,12 @@ a timeout raises ``StoreTimeoutError`` naming the ranks that never came, not tor
 workers.
 
 The join runs in the Rust core (``rust/rendezvous.rs``) and is event-driven, not polled: each rank
-appends itself to a ``joined`` list and adds itself to a counter, the rank that completes the
-count sets a ``done`` key, and everyone else blocks on that key in slices of the progress
-interval. A prompt rendezvous costs three store round trips; each progress report one more.
+enrolls itself in a roll that counts the ranks so far (on TCP, hash and file stores an append to a
+``joined`` list and an add to a counter; on etcd a key per rank counted in the same transaction,
+since a shared key there is a compare-and-swap every rank contends for), the rank that completes
+the count sets a ``done`` key, and everyone else blocks on that key in slices of the progress
+interval. A prompt rendezvous costs two or three store round trips; each progress report one
+more.
 """
 
 from __future__ import annotations
@@ -206,8 +209,8 @@ def wait_for_ranks(
 ) -> None:
     """Register ``rank`` and block until all ``world_size`` ranks have, reporting progress.
 
-    The join runs in the Rust core (``rust/rendezvous.rs``): three requests per rank, and one
-    ``get`` per progress report whatever the world size.
+    The join runs in the Rust core (``rust/rendezvous.rs``): two or three requests per rank, and
+    one read per progress report whatever the world size.
 
     Raises:
         StoreTimeoutError: ``timeout`` passed first; the message lists the missing ranks.

@@ -275,7 +275,7 @@ impl Store for ForeignStore {
         .unwrap_or(false)
     }
 
-    fn sliceable_waits(&self) -> bool {
+    fn interruptible_waits(&self) -> bool {
         false
     }
 

@@ -10,10 +10,10 @@ use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyDelta, PyDeltaAccess, PyFloat, PyInt, PyString};
 
-use super::blocking::{detached, detached_sliced};
+use super::blocking::{detached, detached_interruptible};
 use super::errors::to_py;
 use crate::error::Error;
-use crate::store::{HashStore, Store};
+use crate::store::{HashStore, Interrupt, Store};
 
 /// The UTF-8 text of a `str`. One that cannot be encoded (a lone surrogate) is a `TypeError`,
 /// the class torch's argument conversion raises, rather than a `UnicodeEncodeError`.
@@ -194,18 +194,19 @@ impl PyNativeStore {
         PyNativeStore { inner }
     }
 
-    /// Runs a wait of up to `timeout` with the GIL released: in Ctrl-C-checked slices where
-    /// the store allows it, else as one call.
+    /// Runs a wait of up to `timeout` with the GIL released: in the store's interruptible form
+    /// where it has one worth using (Ctrl-C then ends it promptly), else as one `plain` call.
     fn waiting<T: Send>(
         &self,
         py: Python<'_>,
         timeout: Duration,
-        mut op: impl FnMut(Duration) -> crate::error::Result<T> + Send,
+        interruptible: impl FnOnce(Duration, Interrupt<'_>) -> crate::error::Result<T> + Send,
+        plain: impl FnOnce(Duration) -> crate::error::Result<T> + Send,
     ) -> PyResult<T> {
-        if self.inner.sliceable_waits() {
-            detached_sliced(py, timeout, op)
+        if self.inner.interruptible_waits() {
+            detached_interruptible(py, |interrupted| interruptible(timeout, interrupted))
         } else {
-            detached(py, move || op(timeout))
+            detached(py, move || plain(timeout))
         }
     }
 }
@@ -221,7 +222,12 @@ impl PyNativeStore {
     /// Returns the value of ``key`` as bytes, waiting up to the store timeout for it.
     fn get(&self, py: Python<'_>, key: Key) -> PyResult<Vec<u8>> {
         let timeout = self.inner.timeout();
-        self.waiting(py, timeout, |slice| self.inner.get_timeout(&key, slice))
+        self.waiting(
+            py,
+            timeout,
+            |t, interrupted| self.inner.get_interruptibly(&key, t, interrupted),
+            |t| self.inner.get_timeout(&key, t),
+        )
     }
 
     /// Adds ``amount`` to the integer under ``key`` and returns the new value.
@@ -252,7 +258,12 @@ impl PyNativeStore {
     fn wait(&self, py: Python<'_>, keys: Vec<Key>, timeout: Option<Timeout>) -> PyResult<()> {
         let keys = Key::strings(keys);
         let timeout = timeout_or(&*self.inner, timeout)?;
-        self.waiting(py, timeout, |slice| self.inner.wait(&keys, Some(slice)))
+        self.waiting(
+            py,
+            timeout,
+            |t, interrupted| self.inner.wait_interruptibly(&keys, t, interrupted),
+            |t| self.inner.wait(&keys, Some(t)),
+        )
     }
 
     /// Removes ``key``; True iff it existed.
@@ -274,12 +285,13 @@ impl PyNativeStore {
     /// Values of every key, waiting for them up to the store timeout.
     fn multi_get(&self, py: Python<'_>, keys: Vec<Key>) -> PyResult<Vec<Vec<u8>>> {
         let keys = Key::strings(keys);
-        if self.inner.sliceable_waits() {
-            // Wait first in Ctrl-C-checked slices; a store that cannot slice waits inside its
-            // own multi_get, as torch's PrefixStore leaves it to.
-            let timeout = self.inner.timeout();
-            self.waiting(py, timeout, |slice| self.inner.wait(&keys, Some(slice)))?;
+        if self.inner.interruptible_waits() {
+            return detached_interruptible(py, |interrupted| {
+                self.inner.multi_get_interruptibly(&keys, interrupted)
+            });
         }
+        // A store that cannot check for Ctrl-C waits inside its own multi_get, as torch's
+        // PrefixStore leaves it to.
         detached(py, || self.inner.multi_get(&keys))
     }
 
@@ -303,9 +315,12 @@ impl PyNativeStore {
             return detached(py, || self.inner.queue_pop(&key, false));
         }
         let timeout = self.inner.timeout();
-        self.waiting(py, timeout, |slice| {
-            self.inner.queue_pop_timeout(&key, slice)
-        })
+        self.waiting(
+            py,
+            timeout,
+            |t, interrupted| self.inner.queue_pop_interruptibly(&key, t, interrupted),
+            |t| self.inner.queue_pop_timeout(&key, t),
+        )
     }
 
     /// Length of queue ``key`` (0 if it does not exist).

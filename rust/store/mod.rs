@@ -5,8 +5,9 @@
 //!
 //! * **Every blocking call has a deadline.** `get`, `wait`, blocking `queue_pop` and `barrier`
 //!   use the store's timeout unless given one; a zero timeout means "no deadline", as in torch.
-//!   [`sliced`] cuts a long wait into short slices so a caller (Python) can check
-//!   for Ctrl-C between them without losing the overall deadline or its error message.
+//!   The `*_interruptibly` forms let a caller (Python) check for Ctrl-C every
+//!   [`INTERRUPT_POLL`] without losing the overall deadline or its error message: by default
+//!   [`sliced`] cuts the wait into short slices; EtcdStore checks beside one long watch.
 //! * **Defaults match torch's base class.** A store that lacks an operation gets torch's
 //!   fallback (append as a compare_set loop, multi_get one key at a time, barrier from add +
 //!   wait) or torch's `NotImplemented` error (queues, list_keys).
@@ -38,6 +39,13 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// Longest uninterrupted slice of a wait when the caller wants to poll for interrupts.
 pub const INTERRUPT_POLL: Duration = Duration::from_millis(100);
+
+/// Called between slices of a long wait; an `Err` (Ctrl-C in Python) ends the wait with it.
+pub type Interrupt<'a> = &'a mut dyn FnMut() -> Result<()>;
+
+/// How long [`Store::enrolled`]'s default waits for a roll's list (its caller has enrolled, so
+/// the list exists unless the store lost it).
+const ROLL_READ_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// A point in time after which a blocking call gives up; `None` waits forever
 /// (torch's `kNoTimeout`, a zero timeout).
@@ -209,12 +217,84 @@ pub trait Store: Send + Sync {
         ))
     }
 
-    /// Whether a long wait may be run as repeated short waits (see [`sliced`]), so Python can
-    /// check for Ctrl-C in between. False where each call has a cost of its own: a foreign
-    /// Python store (torch's TCPStore logs a warning per timed-out slice, torch's FileStore
-    /// rounds each slice up to a whole second).
-    fn sliceable_waits(&self) -> bool {
+    /// `wait` for up to `timeout` (zero: forever), running `interrupted` at least every
+    /// [`INTERRUPT_POLL`]; an `Err` from it ends the wait with that error (Ctrl-C in Python).
+    /// Default: repeated waits of one slice each ([`sliced`]). A store whose wait is costly to
+    /// start again (EtcdStore sets up a watch) keeps one wait going and checks beside it.
+    fn wait_interruptibly(
+        &self,
+        keys: &[String],
+        timeout: Duration,
+        interrupted: Interrupt<'_>,
+    ) -> Result<()> {
+        sliced(timeout, |slice| self.wait(keys, Some(slice)), interrupted)
+    }
+
+    /// `get_timeout`, checking `interrupted` as [`Store::wait_interruptibly`] does.
+    fn get_interruptibly(
+        &self,
+        key: &str,
+        timeout: Duration,
+        interrupted: Interrupt<'_>,
+    ) -> Result<Vec<u8>> {
+        sliced(timeout, |slice| self.get_timeout(key, slice), interrupted)
+    }
+
+    /// `multi_get`, checking `interrupted` while it waits for the keys, as
+    /// [`Store::wait_interruptibly`] does. Default: that wait (store timeout), then `multi_get`.
+    fn multi_get_interruptibly(
+        &self,
+        keys: &[String],
+        interrupted: Interrupt<'_>,
+    ) -> Result<Vec<Vec<u8>>> {
+        self.wait_interruptibly(keys, self.timeout(), interrupted)?;
+        self.multi_get(keys)
+    }
+
+    /// `queue_pop_timeout`, checking `interrupted` as [`Store::wait_interruptibly`] does.
+    fn queue_pop_interruptibly(
+        &self,
+        key: &str,
+        timeout: Duration,
+        interrupted: Interrupt<'_>,
+    ) -> Result<Vec<u8>> {
+        sliced(
+            timeout,
+            |slice| self.queue_pop_timeout(key, slice),
+            interrupted,
+        )
+    }
+
+    /// Whether Python's blocking calls go through the `*_interruptibly` methods, so Ctrl-C ends
+    /// them promptly. False where a check costs: a foreign Python store's waits can only be cut
+    /// into slices, each a call of its own (torch's TCPStore logs a warning per timed-out
+    /// slice, torch's FileStore rounds each slice up to a whole second).
+    fn interruptible_waits(&self) -> bool {
         true
+    }
+
+    /// Adds `member` to the roll named `roll` (a set that every rank of a rendezvous joins) and
+    /// returns how many members it counts, this one included. Of the callers that bring it to
+    /// `n` members, at least one sees `n`: the rendezvous's last rank knows it is last.
+    ///
+    /// Default: append `"{member},"` to `{roll}joined` and add 1 to `{roll}count` (both
+    /// atomic on ferrodist's stores, so two requests per member). EtcdStore writes a key per
+    /// member instead: there each `append` or `add` on a shared key is a compare-and-swap that
+    /// every other member's contends with.
+    fn enroll(&self, roll: &str, member: usize) -> Result<usize> {
+        self.append(&format!("{roll}joined"), format!("{member},").as_bytes())?;
+        let count = self.add(&format!("{roll}count"), 1)?;
+        Ok(usize::try_from(count).unwrap_or(0))
+    }
+
+    /// The members of roll `roll` so far, in any order (see [`Store::enroll`]): one request.
+    /// Default: one `get` of `{roll}joined`.
+    fn enrolled(&self, roll: &str) -> Result<Vec<usize>> {
+        let listed = self.get_timeout(&format!("{roll}joined"), ROLL_READ_TIMEOUT)?;
+        Ok(String::from_utf8_lossy(&listed)
+            .split(',')
+            .filter_map(|m| m.trim().parse().ok())
+            .collect())
     }
 
     /// Whether every write (set, multi_set, ...) fails rather than block past [`Store::timeout`].

@@ -12,7 +12,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::Store;
+use super::{Interrupt, Store};
 use crate::error::{Error, Result};
 
 /// A view of `inner` where every key lives under `prefix/`.
@@ -126,8 +126,59 @@ impl Store for PrefixStore {
         self.inner.has_extended_api()
     }
 
-    fn sliceable_waits(&self) -> bool {
-        self.inner.sliceable_waits()
+    fn wait_interruptibly(
+        &self,
+        keys: &[String],
+        timeout: Duration,
+        interrupted: Interrupt<'_>,
+    ) -> Result<()> {
+        self.inner
+            .wait_interruptibly(&self.keys(keys), timeout, interrupted)
+            .map_err(|e| self.unprefixed(e))
+    }
+
+    fn get_interruptibly(
+        &self,
+        key: &str,
+        timeout: Duration,
+        interrupted: Interrupt<'_>,
+    ) -> Result<Vec<u8>> {
+        self.inner
+            .get_interruptibly(&self.key(key), timeout, interrupted)
+            .map_err(|e| self.unprefixed(e))
+    }
+
+    fn multi_get_interruptibly(
+        &self,
+        keys: &[String],
+        interrupted: Interrupt<'_>,
+    ) -> Result<Vec<Vec<u8>>> {
+        self.inner
+            .multi_get_interruptibly(&self.keys(keys), interrupted)
+            .map_err(|e| self.unprefixed(e))
+    }
+
+    fn queue_pop_interruptibly(
+        &self,
+        key: &str,
+        timeout: Duration,
+        interrupted: Interrupt<'_>,
+    ) -> Result<Vec<u8>> {
+        self.inner
+            .queue_pop_interruptibly(&self.key(key), timeout, interrupted)
+            .map_err(|e| self.unprefixed(e))
+    }
+
+    fn interruptible_waits(&self) -> bool {
+        self.inner.interruptible_waits()
+    }
+
+    fn enroll(&self, roll: &str, member: usize) -> Result<usize> {
+        self.inner.enroll(&self.key(roll), member)
+    }
+
+    fn enrolled(&self, roll: &str) -> Result<Vec<usize>> {
+        self.inner.enrolled(&self.key(roll))
     }
 
     fn append(&self, key: &str, value: &[u8]) -> Result<()> {

@@ -10,6 +10,8 @@
 //!   only while the queue is non-empty, so "present" is one lookup for `check` and `wait`;
 //! * `<prefix>/receipt/<client>/<slot>`: what a store handle's last read-modify-write in that
 //!   slot returned (see [`super::rmw`]); never user-visible.
+//! * `<prefix>/roll/<len>/<roll>/<member>`: a rendezvous's arrivals, a key per member (see
+//!   [`super::roll`]); never user-visible.
 
 /// The etcd key names of one job.
 #[derive(Debug, Clone)]

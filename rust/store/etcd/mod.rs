@@ -10,7 +10,9 @@
 //! * `add`, `compare_set`, `append`, `delete_key`, queue push and pop: one compare-and-swap
 //!   transaction each, exactly once even across lost replies (`rmw.rs`).
 //! * `get`, `wait`, `multi_get`, blocking `queue_pop`: a read, then a watch from that read's
-//!   revision (`watch.rs`); no polling and no lost wake-up.
+//!   revision (`watch.rs`); no polling and no lost wake-up. Ctrl-C is checked beside the one
+//!   watch, not by re-arming it (`interruptible.rs`).
+//! * `enroll` (a rendezvous's arrivals): a key per member and a count, no shared key (`roll.rs`).
 //! * Where torch's stores disagree, this one answers as torch's `HashStore` (one shared map
 //!   with no internal keys): `add` on an empty value counts from 0, `num_keys` counts the user's
 //!   keys, `barrier` is torch's add-and-wait fallback.
@@ -23,11 +25,13 @@
 //! `served.rs` has the same operations async and on raw wire keys, for `ferrodist-store
 //! --backend etcd://...` (a TCPStore server whose state is this store's).
 
+mod interruptible;
 mod layout;
 mod options;
 mod queue;
 mod retry;
 mod rmw;
+mod roll;
 pub mod served;
 mod watch;
 
@@ -43,7 +47,7 @@ pub use options::{EtcdOptions, TlsFiles};
 use self::retry::retrying;
 use self::rmw::{Change, Receipts};
 use self::watch::MAX_TXN_OPS;
-use super::{parse_counter, same_length, Deadline, Store, DEFAULT_TIMEOUT};
+use super::{parse_counter, same_length, Deadline, Interrupt, Store, DEFAULT_TIMEOUT};
 use crate::error::{Error, Result};
 use crate::runtime::runtime;
 
@@ -185,30 +189,33 @@ impl EtcdStore {
         timeout: Duration,
         gap: impl std::future::Future<Output = ()>,
     ) -> Result<()> {
-        self.bounded_wait(self.until_present_with(keys, gap), keys, timeout, "wait")
+        let waiting = self.until_present_with(keys, gap);
+        self.bounded_wait(waiting, keys, timeout, "wait", &mut not_interrupted)
     }
 
-    /// Waits until every key is present or `timeout` (zero: never) passes.
-    fn present(&self, keys: &[String], timeout: Duration, op: &str) -> Result<()> {
-        self.bounded_wait(self.until_present(keys), keys, timeout, op)
+    /// Waits until every key is present or `timeout` (zero: never) passes, checking
+    /// `interrupted` along the way.
+    fn present(
+        &self,
+        keys: &[String],
+        timeout: Duration,
+        op: &str,
+        interrupted: Interrupt<'_>,
+    ) -> Result<()> {
+        self.bounded_wait(self.until_present(keys), keys, timeout, op, interrupted)
     }
 
-    /// Runs `waiting` until it ends or `timeout` (zero: never) passes.
+    /// Runs `waiting` until it ends, `timeout` (zero: never) passes or `interrupted` fails.
     fn bounded_wait(
         &self,
         waiting: impl std::future::Future<Output = Result<()>>,
         keys: &[String],
         timeout: Duration,
         op: &str,
+        interrupted: Interrupt<'_>,
     ) -> Result<()> {
         self.shared.usable()?;
-        let outcome = runtime().block_on(async {
-            if timeout.is_zero() {
-                return Some(waiting.await);
-            }
-            tokio::time::timeout(timeout, waiting).await.ok()
-        });
-        if let Some(done) = outcome {
+        if let Some(done) = self.watching(waiting, timeout, interrupted) {
             return done;
         }
         // A timeout shorter than one etcd round trip (tests use milliseconds) must not fail a
@@ -275,6 +282,11 @@ fn bounded(timeout: Duration) -> Duration {
     }
 }
 
+/// The interrupt check of a call nobody can interrupt (Rust callers of the plain methods).
+fn not_interrupted() -> Result<()> {
+    Ok(())
+}
+
 fn counter(key: &str, value: Option<&[u8]>) -> Result<i64> {
     match value {
         None | Some(b"") => Ok(0),
@@ -292,6 +304,15 @@ impl Store for EtcdStore {
     }
 
     fn get_timeout(&self, key: &str, timeout: Duration) -> Result<Vec<u8>> {
+        self.get_interruptibly(key, timeout, &mut not_interrupted)
+    }
+
+    fn get_interruptibly(
+        &self,
+        key: &str,
+        timeout: Duration,
+        interrupted: Interrupt<'_>,
+    ) -> Result<Vec<u8>> {
         let deadline = Deadline::after(timeout);
         let keys = [key.to_owned()];
         loop {
@@ -305,7 +326,7 @@ impl Store for EtcdStore {
                 Some(left) => left,
                 None => Duration::ZERO,
             };
-            self.present(&keys, left, "get")
+            self.present(&keys, left, "get", interrupted)
                 .map_err(|err| err.with_whole_timeout(timeout))?;
         }
     }
@@ -337,7 +358,39 @@ impl Store for EtcdStore {
     }
 
     fn wait(&self, keys: &[String], timeout: Option<Duration>) -> Result<()> {
-        self.present(keys, timeout.unwrap_or_else(|| self.timeout()), "wait")
+        let timeout = timeout.unwrap_or_else(|| self.timeout());
+        self.present(keys, timeout, "wait", &mut not_interrupted)
+    }
+
+    fn wait_interruptibly(
+        &self,
+        keys: &[String],
+        timeout: Duration,
+        interrupted: Interrupt<'_>,
+    ) -> Result<()> {
+        self.present(keys, timeout, "wait", interrupted)
+    }
+
+    fn queue_pop_interruptibly(
+        &self,
+        key: &str,
+        timeout: Duration,
+        interrupted: Interrupt<'_>,
+    ) -> Result<Vec<u8>> {
+        self.pop_when_pushed(key, timeout, interrupted)
+    }
+
+    /// Interruptible at no cost: the check runs beside the one watch (`interruptible.rs`).
+    fn interruptible_waits(&self) -> bool {
+        true
+    }
+
+    fn enroll(&self, roll: &str, member: usize) -> Result<usize> {
+        self.enroll_member(roll, member)
+    }
+
+    fn enrolled(&self, roll: &str) -> Result<Vec<usize>> {
+        self.roll_members(roll)
     }
 
     fn delete_key(&self, key: &str) -> Result<bool> {
@@ -389,6 +442,15 @@ impl Store for EtcdStore {
     }
 
     fn multi_get(&self, keys: &[String]) -> Result<Vec<Vec<u8>>> {
+        self.multi_get_interruptibly(keys, &mut not_interrupted)
+    }
+
+    /// One snapshot when every key is there (no wait first: that would cost a read more).
+    fn multi_get_interruptibly(
+        &self,
+        keys: &[String],
+        interrupted: Interrupt<'_>,
+    ) -> Result<Vec<Vec<u8>>> {
         let timeout = self.timeout();
         let deadline = Deadline::after(timeout);
         loop {
@@ -400,7 +462,7 @@ impl Store for EtcdStore {
             if deadline.expired() {
                 return Err(Error::wait_timeout("multi_get", timeout, keys));
             }
-            self.present(keys, left, "multi_get")?;
+            self.present(keys, left, "multi_get", interrupted)?;
         }
     }
 
@@ -470,12 +532,6 @@ impl Store for EtcdStore {
 
     /// A write may take 5 s (an election) even when the store timeout is shorter.
     fn bounds_writes(&self) -> bool {
-        false
-    }
-
-    /// Waits run as one call each: a watch costs a round trip to set up, so cutting a long
-    /// wait into 100 ms slices (for Ctrl-C checks) would set one up ten times a second.
-    fn sliceable_waits(&self) -> bool {
         false
     }
 }
