@@ -358,7 +358,7 @@ impl Handler {
             } else {
                 crate::tcp::codec::NOT_READY
             }),
-            Request::Wait { keys } => match db.wait(keys) {
+            Request::Wait { keys } => match db.wait_sliced(keys) {
                 None => Reply::Byte(STOP_WAITING),
                 Some(waiter) => {
                     self.waiting = Some(waiter);
