@@ -3,9 +3,12 @@
 //! One engine means one set of semantics; where torch's HashStore and torch's TCP servers
 //! disagree, the difference is a [`Policy`] flag, not a second implementation.
 //!
-//! One `std::sync::Mutex` guards it all. Every operation under the lock is a few map lookups
-//! and never awaits, so a blocking mutex is cheaper than an async one and cannot be held across
-//! an `.await` by mistake (mini-redis makes the same argument for its `Db`).
+//! One `std::sync::RwLock` guards it all. Every operation under the lock is a few map lookups
+//! and never awaits, so a blocking lock is cheaper than an async one and cannot be held across
+//! an `.await` by mistake (mini-redis makes the same argument for its `Db`). Reads share it, and
+//! a waiting writer goes before new readers, so a small SET waits for at most one slice of a
+//! large MULTI_GET: with a mutex, the reader took the lock back between its slices before the
+//! waiting writer woke, and a small client's p99 rose by 38-82 ms.
 //!
 //! A wait that cannot be answered at once becomes a [`Waiter`], registered in the [`Registry`]
 //! under each missing key. An async task polls it ([`Waiter::poll_released`], the server's
@@ -22,7 +25,7 @@
 //! (and cancelling them as long) on a loaded 2-core machine, which stalled every other client.
 
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::task::{ready, Context, Poll, Wake, Waker};
 use std::thread::Thread;
 
@@ -179,7 +182,7 @@ impl Drop for Waiter {
 /// The shared state of one store; cheap to clone (clones share it).
 #[derive(Clone)]
 pub struct Db {
-    state: Arc<Mutex<State>>,
+    state: Arc<RwLock<State>>,
 }
 
 impl Default for Db {
@@ -197,16 +200,20 @@ impl Db {
     /// An empty store with `policy`.
     pub fn with_policy(policy: Policy) -> Db {
         Db {
-            state: Arc::new(Mutex::new(State {
+            state: Arc::new(RwLock::new(State {
                 policy,
                 ..State::default()
             })),
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, State> {
+    fn lock(&self) -> RwLockWriteGuard<'_, State> {
         // Every update is a single map operation: a panic cannot leave it half-done.
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        self.state.write().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn read(&self) -> RwLockReadGuard<'_, State> {
+        self.state.read().unwrap_or_else(|p| p.into_inner())
     }
 
     /// SET: stores and wakes waiters on the key.
@@ -234,12 +241,12 @@ impl Db {
 
     /// The value of `key`, if it has one.
     pub fn value(&self, key: &[u8]) -> Option<Bytes> {
-        self.lock().values.get(key)
+        self.read().values.get(key)
     }
 
     /// GET: the value, empty when missing (torch's libuv behaviour).
     pub fn get(&self, key: &[u8]) -> Bytes {
-        self.lock().values.get(key).unwrap_or_default()
+        self.read().values.get(key).unwrap_or_default()
     }
 
     /// ADD: a missing key counts as 0; a value that is not an integer is an error and nothing
@@ -262,7 +269,7 @@ impl Db {
 
     /// CHECK: every key has a value or names a non-empty queue.
     pub fn check(&self, keys: &[Bytes]) -> bool {
-        let state = self.lock();
+        let state = self.read();
         keys.iter().all(|k| state.present(k))
     }
 
@@ -317,13 +324,13 @@ impl Db {
 
     /// The keys of `keys` that are not present (no value and no non-empty queue).
     pub fn missing(&self, keys: &[Bytes]) -> Vec<Bytes> {
-        let state = self.lock();
+        let state = self.read();
         keys.iter().filter(|k| !state.present(k)).cloned().collect()
     }
 
     /// GETNUMKEYS: size of the key-value map (queues excluded, internal keys included).
     pub fn num_keys(&self) -> i64 {
-        self.lock().values.len() as i64
+        self.read().values.len() as i64
     }
 
     /// DELETE_KEY: 1 if removed, else 0. Wakes nobody.
@@ -338,12 +345,15 @@ impl Db {
         state.values.append(&key, data);
     }
 
-    /// MULTI_GET: one value per key, empty for a missing one.
+    /// MULTI_GET: one value per key, empty for a missing one. Read [`WAIT_SLICE`] keys per
+    /// hold of the lock, so other clients' requests get in between: a MULTI_GET of more keys
+    /// than that is not one snapshot (a write may land between two slices).
     pub fn multi_get(&self, keys: &[Bytes]) -> Vec<Bytes> {
-        let state = self.lock();
-        keys.iter()
-            .map(|k| state.values.get(k).unwrap_or_default())
-            .collect()
+        let mut values = Vec::with_capacity(keys.len());
+        for slice in keys.chunks(WAIT_SLICE) {
+            self.read().values.get_many(slice, &mut values);
+        }
+        values
     }
 
     /// MULTI_SET: sets in order, waking each key's waiters.
@@ -399,12 +409,12 @@ impl Db {
 
     /// QUEUE_LEN: 0 for a queue that does not exist.
     pub fn queue_len(&self, key: &[u8]) -> i64 {
-        self.lock().queues.get(key).map_or(0, |q| q.len() as i64)
+        self.read().queues.get(key).map_or(0, |q| q.len() as i64)
     }
 
     /// LIST_KEYS: every key of the map, internal ones included.
     pub fn list_keys(&self) -> Vec<Bytes> {
-        self.lock()
+        self.read()
             .values
             .keys()
             .map(Bytes::copy_from_slice)
@@ -453,7 +463,7 @@ impl Db {
     /// Bytes of every key, value and queued item (for metrics). Summed on demand, O(keys):
     /// a scrape every few seconds costs less than a counter kept on every write.
     pub fn stored_bytes(&self) -> u64 {
-        let state = self.lock();
+        let state = self.read();
         let values: usize = state.values.iter().map(|(k, v)| k.len() + v.len()).sum();
         let queues: usize = state
             .queues

@@ -128,6 +128,36 @@ impl Entries {
         self.set.get(key).map(Entry::value_bytes)
     }
 
+    /// Appends the value of each of `keys` to `out` (empty for a missing key). Small values are
+    /// copied into one buffer that their `Bytes` share: one allocation for the lot, not one per
+    /// value, which is what keeps a MULTI_GET's time under the store's lock short.
+    pub fn get_many(&self, keys: &[Bytes], out: &mut Vec<Bytes>) {
+        let found: Vec<Option<&Entry>> = keys.iter().map(|k| self.set.get(&k[..])).collect();
+        let small: usize = found
+            .iter()
+            .flatten()
+            .filter(|e| matches!(e, Entry::Packed { .. }))
+            .map(|e| e.value().len())
+            .sum();
+        let mut buf = BytesMut::with_capacity(small);
+        for entry in found.iter().flatten() {
+            if let Entry::Packed { .. } = entry {
+                buf.extend_from_slice(entry.value());
+            }
+        }
+        let buf = buf.freeze();
+        let mut at = 0;
+        out.extend(found.into_iter().map(|entry| match entry {
+            None => Bytes::new(),
+            Some(Entry::Shared(shared)) => shared.value.clone(),
+            Some(packed) => {
+                let len = packed.value().len();
+                at += len;
+                buf.slice(at - len..at)
+            }
+        }));
+    }
+
     /// Sets `key` to `value` (which is kept shared if large, else packed with the key).
     pub fn insert(&mut self, key: &[u8], value: Bytes) {
         self.set.replace(Entry::new(key, value));
@@ -231,6 +261,21 @@ mod tests {
             Some(Entry::Shared(_))
         ));
         assert_eq!(entries.len(), 1);
+    }
+
+    #[test]
+    fn get_many_answers_small_large_and_missing_in_order() {
+        let mut entries = Entries::default();
+        let big = Bytes::from(vec![2u8; SHARE_VALUES_FROM]);
+        entries.insert(b"a", Bytes::from_static(b"1"));
+        entries.insert(b"big", big.clone());
+        entries.insert(b"b", Bytes::from_static(b"22"));
+        let keys = ["b", "gone", "big", "a", "b"].map(|k| Bytes::from_static(k.as_bytes()));
+        let mut out = vec![Bytes::from_static(b"before")];
+        entries.get_many(&keys, &mut out);
+        let want: [&[u8]; 6] = [b"before", b"22", b"", &big, b"1", b"22"];
+        assert_eq!(out, want);
+        assert_eq!(out[3].as_ptr(), big.as_ptr());
     }
 
     #[test]
