@@ -13,6 +13,7 @@
 //!   wait) or torch's `NotImplemented` error (queues, list_keys).
 
 pub mod db;
+mod entries;
 pub mod hash;
 pub mod waiters;
 // --- file and prefix stores ---

@@ -109,7 +109,7 @@ impl Backend for Db {
             Request::Check { keys } => {
                 Reply::Byte(if self.check(&keys) { READY } else { NOT_READY })
             }
-            Request::Wait { keys } => match self.wait(keys) {
+            Request::Wait { keys } => match self.wait_sliced(keys) {
                 None => Reply::Byte(STOP_WAITING),
                 Some(waiter) => return Served::Now(Ok(Outcome::Waiting(waiter))),
             },
