@@ -13,12 +13,16 @@
 //! held behind a pending wait); a backend sees only the data requests, one at a time per
 //! connection and in the order they came.
 
+use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Instant;
 
+use bytes::Bytes;
+
 use super::handler::Closed;
+use super::outbox::ValueSource;
 use crate::store::db::{Db, Waiter};
 use crate::tcp::codec::{Opcode, Reply, Request, NOT_READY, READY, STOP_WAITING};
 
@@ -30,6 +34,25 @@ pub enum Outcome<W> {
     Silent,
     /// A WAIT or BARRIER that is not released yet: STOP_WAITING goes out when `W` is.
     Waiting(W),
+    /// A reply of values read as the peer takes them (a MULTI_GET of many keys).
+    Stream(Box<dyn ValueSource>),
+}
+
+/// Keys of a long MULTI_GET on the in-memory engine, read [`STREAM_KEYS`] at a time.
+struct LazyMultiGet {
+    db: Db,
+    keys: std::vec::IntoIter<Bytes>,
+}
+
+/// Keys read per window of a streamed MULTI_GET: at most 1 MiB of copied small values.
+const STREAM_KEYS: usize = 256;
+
+impl ValueSource for LazyMultiGet {
+    fn next_window(&mut self, out: &mut VecDeque<Bytes>) -> bool {
+        let window: Vec<Bytes> = self.keys.by_ref().take(STREAM_KEYS).collect();
+        out.extend(self.db.multi_get(&window));
+        self.keys.len() > 0
+    }
 }
 
 /// A served request: its outcome, or the refusal that closes the connection.
@@ -118,6 +141,15 @@ impl Backend for Db {
             Request::Append { key, value } => {
                 self.append(key, &value);
                 return Served::Now(Ok(Outcome::Silent));
+            }
+            Request::MultiGet { keys } if keys.len() > STREAM_KEYS => {
+                // Small values are copied out of the engine: read them as the peer reads, or an
+                // unread reply would hold a copy of every value it names.
+                let source = LazyMultiGet {
+                    db: self.clone(),
+                    keys: keys.into_iter(),
+                };
+                return Served::Now(Ok(Outcome::Stream(Box::new(source))));
             }
             Request::MultiGet { keys } => Reply::Values(self.multi_get(&keys)),
             Request::MultiSet { pairs } => {

@@ -423,6 +423,7 @@ impl<B: Backend> Handler<B> {
             Outcome::Reply(reply) => self.output.reply(reply),
             Outcome::Silent => {}
             Outcome::Waiting(waiter) => self.waiting = Some(waiter),
+            Outcome::Stream(source) => self.output.stream(source),
         }
     }
 

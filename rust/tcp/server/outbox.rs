@@ -12,6 +12,10 @@
 //! reply before writing a byte (8 such connections grew the server by 4.1 GiB); now it holds
 //! 32 bytes per value plus one window. Anything queued behind a streamed reply waits in
 //! `after` until the stream is done, so replies keep their order.
+//!
+//! An engine that copies small values out (the in-memory one packs each key with its value)
+//! hands a long MULTI_GET over as a [`ValueSource`] instead: the values are read a window at a
+//! time as the peer reads, so an unread reply holds one window, never the whole.
 
 use std::collections::VecDeque;
 
@@ -29,6 +33,12 @@ const SHARE_AT_BYTES: usize = 4 * 1024;
 
 /// A MULTI_GET reply larger than this is streamed a window of this size at a time.
 pub const STREAM_AT_BYTES: usize = 64 * 1024;
+
+/// Values read a window at a time, as the peer takes them (a long MULTI_GET).
+pub trait ValueSource: Send {
+    /// Appends the next window of values to `out`; false once every value was given.
+    fn next_window(&mut self, out: &mut VecDeque<Bytes>) -> bool;
+}
 
 /// Replies not yet written.
 ///
@@ -50,6 +60,8 @@ struct Large {
     /// Values of a streamed MULTI_GET reply not yet moved out, and their encoded size.
     streaming: VecDeque<Bytes>,
     streaming_bytes: usize,
+    /// Where the rest of a streamed reply's values come from, when they are read lazily.
+    source: Option<Box<dyn ValueSource>>,
     /// Replies queued while a reply streams; written after it.
     after: BytesMut,
 }
@@ -70,7 +82,44 @@ impl Outbox {
     }
 
     fn streaming(&self) -> bool {
-        self.large.as_ref().is_some_and(|l| !l.streaming.is_empty())
+        self.large
+            .as_ref()
+            .is_some_and(|l| !l.streaming.is_empty() || l.source.is_some())
+    }
+
+    /// Queues a reply of values read from `source` a window at a time. Behind another streamed
+    /// reply (a client pipelining long MULTI_GETs) it is read whole, to keep replies in order.
+    pub fn stream(&mut self, mut source: Box<dyn ValueSource>) {
+        let mut values = VecDeque::new();
+        if self.streaming() {
+            while source.next_window(&mut values) {}
+            self.reply(Reply::Values(values.into()));
+            return;
+        }
+        let more = source.next_window(&mut values);
+        let large = self.large();
+        large.streaming_bytes = values.iter().map(|v| 8 + v.len()).sum();
+        large.streaming = values;
+        large.source = more.then_some(source);
+    }
+
+    /// Reads the next window of a lazily read reply into `streaming`; false when none is left.
+    fn pull_window(large: &mut Large) -> bool {
+        let Some(source) = large.source.as_mut() else {
+            return false;
+        };
+        let before = large.streaming.len();
+        if !source.next_window(&mut large.streaming) {
+            large.source = None;
+        }
+        let added: usize = large
+            .streaming
+            .iter()
+            .skip(before)
+            .map(|v| 8 + v.len())
+            .sum();
+        large.streaming_bytes += added;
+        large.streaming.len() > before || large.source.is_some()
     }
 
     fn large(&mut self) -> &mut Large {
@@ -164,7 +213,7 @@ impl Outbox {
         let Some(large) = self.large.as_mut() else {
             return false;
         };
-        if large.streaming.is_empty() {
+        if large.streaming.is_empty() && !Self::pull_window(large) {
             if large.after.is_empty() {
                 return false;
             }
@@ -259,6 +308,53 @@ mod tests {
         expected.put_u8(0);
         Reply::Int(9).encode(&mut expected);
         assert_eq!(outbox.len(), expected.len());
+        let mut written = Vec::new();
+        std::future::poll_fn(|cx| outbox.poll_write_to(&mut written, cx))
+            .await
+            .unwrap();
+        assert!(written == expected.to_vec(), "bytes differ");
+        assert!(outbox.is_empty());
+    }
+
+    /// Values made on demand, `per_window` at a time, counting how many exist at once.
+    struct Counted {
+        left: usize,
+        per_window: usize,
+        made: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    }
+
+    impl ValueSource for Counted {
+        fn next_window(&mut self, out: &mut VecDeque<Bytes>) -> bool {
+            let n = self.left.min(self.per_window);
+            self.left -= n;
+            self.made.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+            out.extend((0..n).map(|_| Bytes::from(vec![5u8; 4095])));
+            self.left > 0
+        }
+    }
+
+    /// A lazily read reply holds one window until the peer takes it; replies queued behind it
+    /// (and a second streamed reply) come out after it, in order.
+    #[tokio::test]
+    async fn a_lazy_reply_is_read_a_window_at_a_time_and_keeps_its_place() {
+        let made = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let source = |left| {
+            Box::new(Counted {
+                left,
+                per_window: 256,
+                made: made.clone(),
+            })
+        };
+        let mut outbox = Outbox::default();
+        outbox.stream(source(10_000));
+        assert_eq!(made.load(std::sync::atomic::Ordering::Relaxed), 256);
+        outbox.reply(Reply::Int(9));
+        outbox.stream(source(300)); // behind a stream: read whole, written after it
+        let value = Bytes::from(vec![5u8; 4095]);
+        let mut expected = BytesMut::new();
+        Reply::Values(vec![value.clone(); 10_000]).encode(&mut expected);
+        Reply::Int(9).encode(&mut expected);
+        Reply::Values(vec![value; 300]).encode(&mut expected);
         let mut written = Vec::new();
         std::future::poll_fn(|cx| outbox.poll_write_to(&mut written, cx))
             .await
