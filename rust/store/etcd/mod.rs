@@ -512,18 +512,7 @@ impl Store for EtcdStore {
 
     fn list_keys(&self) -> Result<Vec<String>> {
         let values = self.layout.values();
-        let etcd_keys = self.call("list_keys", |mut kv| {
-            let options = GetOptions::new().with_prefix().with_keys_only();
-            let values = values.clone();
-            async move {
-                let found = kv.get(values, Some(options)).await?;
-                Ok(Ok(found
-                    .kvs()
-                    .iter()
-                    .map(|kv| kv.key().to_vec())
-                    .collect::<Vec<_>>()))
-            }
-        })?;
+        let etcd_keys = self.call("list_keys", |kv| keys_under(kv, values.clone()))?;
         Ok(etcd_keys
             .iter()
             .filter_map(|k| self.layout.user_key(k))
@@ -534,4 +523,14 @@ impl Store for EtcdStore {
     fn bounds_writes(&self) -> bool {
         false
     }
+}
+
+/// The etcd keys starting with `prefix`, names only: one range read (a call's attempt).
+async fn keys_under(
+    mut kv: etcd_client::KvClient,
+    prefix: Vec<u8>,
+) -> std::result::Result<Result<Vec<Vec<u8>>>, etcd_client::Error> {
+    let options = GetOptions::new().with_prefix().with_keys_only();
+    let found = kv.get(prefix, Some(options)).await?;
+    Ok(Ok(found.kvs().iter().map(|kv| kv.key().to_vec()).collect()))
 }

@@ -52,18 +52,7 @@ impl EtcdStore {
     /// The members of roll `roll`: one range read of its keys (names only).
     pub(super) fn roll_members(&self, roll: &str) -> Result<Vec<usize>> {
         let range = self.roll_range(roll);
-        let keys = self.call("enrolled", |mut kv| {
-            let options = GetOptions::new().with_prefix().with_keys_only();
-            let range = range.clone();
-            async move {
-                let found = kv.get(range, Some(options)).await?;
-                Ok(Ok(found
-                    .kvs()
-                    .iter()
-                    .map(|kv| kv.key().to_vec())
-                    .collect::<Vec<_>>()))
-            }
-        })?;
+        let keys = self.call("enrolled", |kv| super::keys_under(kv, range.clone()))?;
         Ok(keys
             .iter()
             .filter_map(|k| k.strip_prefix(range.as_slice()))

@@ -270,18 +270,7 @@ impl EtcdStore {
     pub async fn wire_list_keys(&self) -> Result<Vec<Bytes>> {
         let values = self.layout.values();
         let etcd_keys = self
-            .call_async("list_keys", |mut kv| {
-                let options = GetOptions::new().with_prefix().with_keys_only();
-                let values = values.clone();
-                async move {
-                    let found = kv.get(values, Some(options)).await?;
-                    Ok(Ok(found
-                        .kvs()
-                        .iter()
-                        .map(|kv| kv.key().to_vec())
-                        .collect::<Vec<_>>()))
-                }
-            })
+            .call_async("list_keys", |kv| super::keys_under(kv, values.clone()))
             .await?;
         Ok(etcd_keys
             .iter()
