@@ -39,6 +39,7 @@ use std::mem::ManuallyDrop;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use bytes::Bytes;
 use etcd_client::{Client, DeleteOptions, GetOptions, Txn, TxnOp, TxnOpResponse};
 
 pub use layout::Layout;
@@ -468,18 +469,17 @@ impl Store for EtcdStore {
 
     fn multi_set(&self, keys: &[String], values: &[Vec<u8>]) -> Result<()> {
         same_length(keys, values)?;
-        let pairs: Vec<(&String, &Vec<u8>)> = keys.iter().zip(values).collect();
-        for chunk in pairs.chunks(MAX_TXN_OPS) {
-            let puts: Vec<TxnOp> = chunk
-                .iter()
-                .map(|(k, v)| TxnOp::put(self.layout.value(k), v.to_vec(), None))
-                .collect();
-            self.call("multi_set", |mut kv| {
-                let txn = Txn::new().and_then(puts.clone());
-                async move { kv.txn(txn).await.map(|_| Ok(())) }
-            })?;
-        }
-        Ok(())
+        let pairs: Vec<(Bytes, Bytes)> = keys
+            .iter()
+            .zip(values)
+            .map(|(k, v)| {
+                (
+                    Bytes::copy_from_slice(k.as_bytes()),
+                    Bytes::copy_from_slice(v),
+                )
+            })
+            .collect();
+        runtime().block_on(self.wire_multi_set(&pairs))
     }
 
     fn queue_push(&self, key: &str, value: &[u8]) -> Result<()> {
