@@ -252,17 +252,18 @@ impl Db {
     /// ADD: a missing key counts as 0; a value that is not an integer is an error and nothing
     /// changes. The sum wraps on overflow, as torch's does.
     ///
-    /// The counter is rewritten as one small allocation holding key and digits.
+    /// The counter's digits are rewritten in place while their length holds.
     pub fn add(&self, key: &[u8], delta: i64) -> Result<i64> {
         let mut state = self.lock();
         let empty_is_zero = state.policy.empty_value_counts_as_zero;
-        let current = match state.values.value(key) {
-            None => 0,
-            Some(value) if value.is_empty() && empty_is_zero => 0,
-            Some(value) => parse_counter(&String::from_utf8_lossy(key), value)?,
-        };
-        let next = current.wrapping_add(delta);
-        state.values.insert_slice(key, next.to_string().as_bytes());
+        let next = state.values.update_counter(key, |value| {
+            let current = match value {
+                None => 0,
+                Some(value) if value.is_empty() && empty_is_zero => 0,
+                Some(value) => parse_counter(&String::from_utf8_lossy(key), value)?,
+            };
+            Ok::<_, crate::error::Error>(current.wrapping_add(delta))
+        })?;
         state.waits.wake(key);
         Ok(next)
     }

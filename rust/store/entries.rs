@@ -16,6 +16,7 @@
 use std::borrow::Borrow;
 use std::collections::HashSet;
 use std::hash::{Hash, Hasher};
+use std::io::Write;
 
 use bytes::{Bytes, BytesMut};
 
@@ -174,6 +175,43 @@ impl Entries {
         self.insert(key, Bytes::copy_from_slice(value));
     }
 
+    /// Sets `key` to the integer `next(old value)` gives, in ASCII digits (ADD's counter). A
+    /// packed entry whose digits keep their length is rewritten in place, with no allocation;
+    /// when `next` fails, nothing changes.
+    pub fn update_counter<E>(
+        &mut self,
+        key: &[u8],
+        next: impl FnOnce(Option<&[u8]>) -> Result<i64, E>,
+    ) -> Result<i64, E> {
+        let old = self.set.take(key);
+        let sum = match next(old.as_ref().map(Entry::value)) {
+            Ok(sum) => sum,
+            Err(err) => {
+                if let Some(entry) = old {
+                    self.set.insert(entry);
+                }
+                return Err(err);
+            }
+        };
+        let mut buf = [0u8; 20]; // i64::MIN has 20 characters
+        let digits = {
+            let mut rest = &mut buf[..];
+            write!(rest, "{sum}").expect("an i64 fits in 20 bytes");
+            let written = 20 - rest.len();
+            &buf[..written]
+        };
+        match old {
+            Some(Entry::Packed { mut bytes, key_len })
+                if bytes.len() - key_len as usize == digits.len() =>
+            {
+                bytes[key_len as usize..].copy_from_slice(digits);
+                self.set.insert(Entry::Packed { bytes, key_len });
+            }
+            _ => self.insert_slice(key, digits),
+        }
+        Ok(sum)
+    }
+
     /// Removes `key`; true if it had a value.
     pub fn remove(&mut self, key: &[u8]) -> bool {
         self.set.remove(key)
@@ -276,6 +314,38 @@ mod tests {
         let want: [&[u8]; 6] = [b"before", b"22", b"", &big, b"1", b"22"];
         assert_eq!(out, want);
         assert_eq!(out[3].as_ptr(), big.as_ptr());
+    }
+
+    #[test]
+    fn counters_are_rewritten_in_place_and_a_failed_update_changes_nothing() {
+        let mut entries = Entries::default();
+        let add = |entries: &mut Entries, delta: i64| {
+            entries.update_counter(b"c", |old| {
+                let current: i64 = old.map_or(Ok(0), |v| {
+                    std::str::from_utf8(v)
+                        .map_err(|_| ())
+                        .and_then(|t| t.parse().map_err(|_| ()))
+                })?;
+                Ok::<_, ()>(current.wrapping_add(delta))
+            })
+        };
+        assert_eq!(add(&mut entries, 5), Ok(5));
+        let before = entries.set.get(&b"c"[..]).map(|e| e.value().as_ptr());
+        assert_eq!(add(&mut entries, 3), Ok(8)); // same length: same allocation
+        assert_eq!(
+            entries.set.get(&b"c"[..]).map(|e| e.value().as_ptr()),
+            before
+        );
+        assert_eq!(add(&mut entries, 2), Ok(10)); // one more digit
+        assert_eq!(add(&mut entries, -20), Ok(-10));
+        assert_eq!(add(&mut entries, i64::MIN), Ok(i64::MIN.wrapping_add(-10)));
+        assert_eq!(
+            entries.value(b"c"),
+            Some(i64::MAX.wrapping_sub(9).to_string().as_bytes())
+        );
+        entries.insert(b"c", Bytes::from_static(b"x"));
+        assert_eq!(add(&mut entries, 1), Err(()));
+        assert_eq!(entries.value(b"c"), Some(&b"x"[..]));
     }
 
     #[test]
