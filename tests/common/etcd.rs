@@ -83,25 +83,32 @@ impl EtcdCluster {
         endpoints.clone()
     }
 
-    /// Starts `size` members and waits until the cluster has a leader.
+    /// Starts `size` members and waits until the cluster has a leader. Ports are picked free
+    /// and then bound by etcd, so another test's cluster starting at the same moment can take
+    /// one first: a cluster not ready in time is stopped and started again on fresh ports.
     pub fn start(size: usize) -> EtcdCluster {
-        let members = (0..size)
-            .map(|i| Member {
-                name: format!("m{i}"),
-                client_port: free_port(),
-                peer_port: free_port(),
-                process: None,
-            })
-            .collect();
-        let mut cluster = EtcdCluster {
-            members,
-            root: scratch_dir(),
-        };
-        for i in 0..size {
-            cluster.start_member(i);
+        for attempt in 1..=3 {
+            let members = (0..size)
+                .map(|i| Member {
+                    name: format!("m{i}"),
+                    client_port: free_port(),
+                    peer_port: free_port(),
+                    process: None,
+                })
+                .collect();
+            let mut cluster = EtcdCluster {
+                members,
+                root: scratch_dir(),
+            };
+            for i in 0..size {
+                cluster.start_member(i);
+            }
+            if cluster.ready_within(Duration::from_secs(30)) {
+                return cluster;
+            }
+            eprintln!("etcd cluster not ready within 30 s (attempt {attempt}); new ports");
         }
-        cluster.wait_ready();
-        cluster
+        panic!("etcd cluster not ready within 30 s, three times");
     }
 
     /// Every member's `127.0.0.1:port`.
@@ -126,6 +133,12 @@ impl EtcdCluster {
         let client = format!("http://127.0.0.1:{}", m.client_port);
         let peer = format!("http://127.0.0.1:{}", m.peer_port);
         let data = self.data_dir(i);
+        // A token of this cluster's own, so members of two clusters never join each other.
+        let token = self
+            .root
+            .path()
+            .file_name()
+            .map_or_else(|| "ferrodist".into(), |n| n.to_string_lossy().into_owned());
         let log = std::fs::File::create(self.root.path().join(format!("{}.log", m.name)))
             .expect("log file");
         let mut command = Command::new("etcd");
@@ -158,7 +171,7 @@ impl EtcdCluster {
                 "--initial-cluster-state",
                 "new",
                 "--initial-cluster-token",
-                "ferrodist",
+                &token,
             ])
             .args(["--heartbeat-interval", "50", "--election-timeout", "500"])
             .args(["--logger", "zap", "--log-level", "error"])
@@ -172,18 +185,26 @@ impl EtcdCluster {
 
     /// Until every running member accepts connections and one of them leads.
     pub fn wait_ready(&self) {
-        let deadline = Instant::now() + Duration::from_secs(30);
+        assert!(
+            self.ready_within(Duration::from_secs(30)),
+            "etcd cluster not ready within 30 s"
+        );
+    }
+
+    /// Whether every running member accepts connections and one of them leads within `limit`.
+    fn ready_within(&self, limit: Duration) -> bool {
+        let deadline = Instant::now() + limit;
         while Instant::now() < deadline {
             let up = self
                 .running()
                 .iter()
                 .all(|&i| TcpStream::connect(("127.0.0.1", self.members[i].client_port)).is_ok());
             if up && self.leader().is_some() {
-                return;
+                return true;
             }
             std::thread::sleep(Duration::from_millis(50));
         }
-        panic!("etcd cluster not ready within 30 s");
+        false
     }
 
     /// Indices of the members whose process runs.
