@@ -13,12 +13,11 @@
 //! (one allocation against one atomic increment and a later decrement), and the server's
 //! outbox copies such values into its write buffer anyway.
 
-use std::borrow::Borrow;
-use std::collections::HashSet;
-use std::hash::{Hash, Hasher};
+use std::hash::{BuildHasher, RandomState};
 use std::io::Write;
 
 use bytes::{Bytes, BytesMut};
+use hashbrown::hash_table::{Entry as Slot, HashTable};
 
 /// Values at least this long are kept shared (zero-copy replies); shorter ones are packed with
 /// their key. The server's outbox copies values under the same size into its write buffer.
@@ -81,59 +80,68 @@ impl Entry {
     }
 }
 
-// The map hashes and compares entries by key alone, so it can be searched with a `&[u8]`.
-impl Borrow<[u8]> for Entry {
-    fn borrow(&self) -> &[u8] {
-        self.key()
-    }
-}
-
-impl Hash for Entry {
-    fn hash<H: Hasher>(&self, state: &mut H) {
-        self.key().hash(state)
-    }
-}
-
-impl PartialEq for Entry {
-    fn eq(&self, other: &Entry) -> bool {
-        self.key() == other.key()
-    }
-}
-
-impl Eq for Entry {}
-
-/// Keys and their values.
+/// Keys and their values: a table of entries hashed by key alone, searched with a `&[u8]`.
+///
+/// A `HashTable` rather than a `HashSet`: the set could only take an entry out and put it back
+/// to change it in place (two lookups per ADD); the table hands out `&mut Entry` from one.
+/// Keys come from clients, so the hasher stays std's keyed SipHash (`RandomState`).
 #[derive(Default)]
 pub struct Entries {
-    set: HashSet<Entry>,
+    table: HashTable<Entry>,
+    hasher: RandomState,
 }
 
 impl Entries {
+    fn hash(&self, key: &[u8]) -> u64 {
+        self.hasher.hash_one(key)
+    }
+
+    fn find(&self, key: &[u8]) -> Option<&Entry> {
+        self.table.find(self.hash(key), |e| e.key() == key)
+    }
+
+    fn slot(&mut self, key: &[u8]) -> Slot<'_, Entry> {
+        let hash = self.hash(key);
+        let hasher = &self.hasher;
+        self.table
+            .entry(hash, |e| e.key() == key, |e| hasher.hash_one(e.key()))
+    }
+
+    /// Stores `entry` under its key, replacing any value the key had.
+    fn put(&mut self, entry: Entry) {
+        match self.slot(entry.key()) {
+            Slot::Occupied(mut occupied) => *occupied.get_mut() = entry,
+            Slot::Vacant(vacant) => {
+                vacant.insert(entry);
+            }
+        }
+    }
+
     /// Number of keys.
     pub fn len(&self) -> usize {
-        self.set.len()
+        self.table.len()
     }
 
     /// True if `key` has a value.
     pub fn contains(&self, key: &[u8]) -> bool {
-        self.set.contains(key)
+        self.find(key).is_some()
     }
 
     /// The value of `key`, borrowed.
     pub fn value(&self, key: &[u8]) -> Option<&[u8]> {
-        self.set.get(key).map(Entry::value)
+        self.find(key).map(Entry::value)
     }
 
     /// The value of `key`, owned: large values are shared, small ones copied.
     pub fn get(&self, key: &[u8]) -> Option<Bytes> {
-        self.set.get(key).map(Entry::value_bytes)
+        self.find(key).map(Entry::value_bytes)
     }
 
     /// Appends the value of each of `keys` to `out` (empty for a missing key). Small values are
     /// copied into one buffer that their `Bytes` share: one allocation for the lot, not one per
     /// value, which is what keeps a MULTI_GET's time under the store's lock short.
     pub fn get_many(&self, keys: &[Bytes], out: &mut Vec<Bytes>) {
-        let found: Vec<Option<&Entry>> = keys.iter().map(|k| self.set.get(&k[..])).collect();
+        let found: Vec<Option<&Entry>> = keys.iter().map(|k| self.find(k)).collect();
         let small: usize = found
             .iter()
             .flatten()
@@ -161,100 +169,104 @@ impl Entries {
 
     /// Sets `key` to `value` (which is kept shared if large, else packed with the key).
     pub fn insert(&mut self, key: &[u8], value: Bytes) {
-        self.set.replace(Entry::new(key, value));
+        self.put(Entry::new(key, value));
     }
 
     /// Sets `key` to a copy of `value`.
     pub fn insert_slice(&mut self, key: &[u8], value: &[u8]) {
         if value.len() < SHARE_VALUES_FROM {
             if let Ok(key_len) = u32::try_from(key.len()) {
-                self.set.replace(Entry::packed(key, key_len, value));
-                return;
+                return self.put(Entry::packed(key, key_len, value));
             }
         }
         self.insert(key, Bytes::copy_from_slice(value));
     }
 
-    /// Sets `key` to the integer `next(old value)` gives, in ASCII digits (ADD's counter). A
-    /// packed entry whose digits keep their length is rewritten in place, with no allocation;
-    /// when `next` fails, nothing changes.
+    /// Sets `key` to the integer `next(old value)` gives, in ASCII digits (ADD's counter), with
+    /// one lookup. A packed entry whose digits keep their length is rewritten in place, with no
+    /// allocation; when `next` fails, nothing changes.
     pub fn update_counter<E>(
         &mut self,
         key: &[u8],
         next: impl FnOnce(Option<&[u8]>) -> Result<i64, E>,
     ) -> Result<i64, E> {
-        let old = self.set.take(key);
-        let sum = match next(old.as_ref().map(Entry::value)) {
-            Ok(sum) => sum,
-            Err(err) => {
-                if let Some(entry) = old {
-                    self.set.insert(entry);
-                }
-                return Err(err);
-            }
-        };
         let mut buf = [0u8; 20]; // i64::MIN has 20 characters
-        let digits = {
+        let digits = |sum: i64, buf: &mut [u8; 20]| -> usize {
             let mut rest = &mut buf[..];
             write!(rest, "{sum}").expect("an i64 fits in 20 bytes");
-            let written = 20 - rest.len();
-            &buf[..written]
+            20 - rest.len()
         };
-        match old {
-            Some(Entry::Packed { mut bytes, key_len })
-                if bytes.len() - key_len as usize == digits.len() =>
-            {
-                bytes[key_len as usize..].copy_from_slice(digits);
-                self.set.insert(Entry::Packed { bytes, key_len });
+        match self.slot(key) {
+            Slot::Occupied(mut occupied) => {
+                let entry = occupied.get_mut();
+                let sum = next(Some(entry.value()))?;
+                let written = digits(sum, &mut buf);
+                match entry {
+                    Entry::Packed { bytes, key_len }
+                        if bytes.len() - *key_len as usize == written =>
+                    {
+                        bytes[*key_len as usize..].copy_from_slice(&buf[..written]);
+                    }
+                    _ => *entry = Entry::new(key, Bytes::copy_from_slice(&buf[..written])),
+                }
+                Ok(sum)
             }
-            _ => self.insert_slice(key, digits),
+            Slot::Vacant(vacant) => {
+                let sum = next(None)?;
+                let written = digits(sum, &mut buf);
+                vacant.insert(Entry::new(key, Bytes::copy_from_slice(&buf[..written])));
+                Ok(sum)
+            }
         }
-        Ok(sum)
     }
 
     /// Removes `key`; true if it had a value.
     pub fn remove(&mut self, key: &[u8]) -> bool {
-        self.set.remove(key)
+        match self.slot(key) {
+            Slot::Occupied(occupied) => {
+                occupied.remove();
+                true
+            }
+            Slot::Vacant(_) => false,
+        }
     }
 
     /// Appends `data` to the value of `key` (an empty value when missing). A value that has
     /// grown large is extended in place when nothing else holds it (no reply still being
     /// written), so a run of appends costs O(bytes) in all, not a copy of the value per append.
     pub fn append(&mut self, key: &[u8], data: &[u8]) {
-        let value = match self.set.take(key) {
-            None => return self.insert_slice(key, data),
-            Some(Entry::Packed { bytes, key_len }) => {
-                let old = &bytes[key_len as usize..];
-                if old.len() + data.len() < SHARE_VALUES_FROM {
+        let Slot::Occupied(mut occupied) = self.slot(key) else {
+            return self.insert_slice(key, data);
+        };
+        let entry = occupied.get_mut();
+        let mut value = match entry {
+            Entry::Packed { bytes, key_len } => {
+                if bytes.len() - *key_len as usize + data.len() < SHARE_VALUES_FROM {
                     let mut grown = Vec::with_capacity(bytes.len() + data.len());
-                    grown.extend_from_slice(&bytes);
+                    grown.extend_from_slice(bytes);
                     grown.extend_from_slice(data);
-                    self.set.insert(Entry::Packed {
-                        bytes: grown.into_boxed_slice(),
-                        key_len,
-                    });
+                    *bytes = grown.into_boxed_slice();
                     return;
                 }
-                BytesMut::from(old)
+                BytesMut::from(&bytes[*key_len as usize..])
             }
-            Some(Entry::Shared(entry)) => match entry.value.try_into_mut() {
+            Entry::Shared(shared) => match std::mem::take(&mut shared.value).try_into_mut() {
                 Ok(unique) => unique,
-                Err(shared) => BytesMut::from(shared.as_ref()),
+                Err(still_shared) => BytesMut::from(still_shared.as_ref()),
             },
         };
-        let mut value = value;
         value.extend_from_slice(data);
-        self.insert(key, value.freeze());
+        *entry = Entry::new(key, value.freeze());
     }
 
     /// Every key.
     pub fn keys(&self) -> impl Iterator<Item = &[u8]> {
-        self.set.iter().map(Entry::key)
+        self.table.iter().map(Entry::key)
     }
 
     /// Every key with its value.
     pub fn iter(&self) -> impl Iterator<Item = (&[u8], &[u8])> {
-        self.set.iter().map(|e| (e.key(), e.value()))
+        self.table.iter().map(|e| (e.key(), e.value()))
     }
 }
 
@@ -267,10 +279,7 @@ mod tests {
         assert_eq!(std::mem::size_of::<Entry>(), 24);
         let mut entries = Entries::default();
         entries.insert(b"/key", Bytes::from_static(b"value"));
-        assert!(matches!(
-            entries.set.get(&b"/key"[..]),
-            Some(Entry::Packed { .. })
-        ));
+        assert!(matches!(entries.find(b"/key"), Some(Entry::Packed { .. })));
         assert_eq!(entries.value(b"/key"), Some(&b"value"[..]));
         assert_eq!(entries.value(b"/ke"), None);
     }
@@ -294,10 +303,7 @@ mod tests {
             expected.extend_from_slice(&chunk);
             assert_eq!(entries.value(b"log"), Some(&expected[..]));
         }
-        assert!(matches!(
-            entries.set.get(&b"log"[..]),
-            Some(Entry::Shared(_))
-        ));
+        assert!(matches!(entries.find(b"log"), Some(Entry::Shared(_))));
         assert_eq!(entries.len(), 1);
     }
 
@@ -330,12 +336,9 @@ mod tests {
             })
         };
         assert_eq!(add(&mut entries, 5), Ok(5));
-        let before = entries.set.get(&b"c"[..]).map(|e| e.value().as_ptr());
+        let before = entries.find(b"c").map(|e| e.value().as_ptr());
         assert_eq!(add(&mut entries, 3), Ok(8)); // same length: same allocation
-        assert_eq!(
-            entries.set.get(&b"c"[..]).map(|e| e.value().as_ptr()),
-            before
-        );
+        assert_eq!(entries.find(b"c").map(|e| e.value().as_ptr()), before);
         assert_eq!(add(&mut entries, 2), Ok(10)); // one more digit
         assert_eq!(add(&mut entries, -20), Ok(-10));
         assert_eq!(add(&mut entries, i64::MIN), Ok(i64::MIN.wrapping_add(-10)));
