@@ -23,11 +23,17 @@ from ferrodist.nn import DistributedDataParallel as FerroDDP
 
 
 class Net(nn.Module):
-    """MLP with an optional unused layer, an optional tied weight, a BatchNorm buffer and a
-    sparse embedding in front."""
+    """MLP with an optional unused layer, an optional tied weight, a BatchNorm buffer, a
+    sparse embedding in front and a wide middle (weights of 16,384 elements, which the Reducer
+    copies one by one as their gradients arrive: ``ferrodist.ddp.bucket.SMALL_NUMEL``)."""
 
     def __init__(
-        self, unused: bool = False, tied: bool = False, bn: bool = False, sparse: bool = False
+        self,
+        unused: bool = False,
+        tied: bool = False,
+        bn: bool = False,
+        sparse: bool = False,
+        wide: bool = False,
     ) -> None:
         super().__init__()
         self.emb = nn.Embedding(40, 16, sparse=True) if sparse else None
@@ -39,6 +45,9 @@ class Net(nn.Module):
             self.mid2.weight = self.mid.weight
         self.out = nn.Linear(64, 4)
         self.spare = nn.Linear(64, 64) if unused else None
+        self.wide = None
+        if wide:
+            self.wide = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 64))
 
     def forward(self, x: torch.Tensor, use_spare: bool = False) -> torch.Tensor:
         if self.emb is not None:
@@ -48,6 +57,8 @@ class Net(nn.Module):
             h = self.bn(h)
         h = torch.relu(self.mid(h))
         h = torch.relu(self.mid2(h))
+        if self.wide is not None:
+            h = h + self.wide(h)
         if use_spare and self.spare is not None:
             h = h + self.spare(h)
         return self.out(h)
@@ -377,6 +388,34 @@ SCENARIOS: dict[str, Callable[[], dict[str, Any]]] = {
         swap_hooks=True,
     ),
     "sparse": lambda: run(model={"sparse": True}, ddp={"bucket_cap_mb": 0.01}),
+    # large gradients, copied into their buckets as they arrive
+    "wide": lambda: run(model={"wide": True, "bn": True}, ddp={"bucket_cap_mb": 0.1}),
+    "wide_bucket_view": lambda: run(
+        model={"wide": True}, ddp={"bucket_cap_mb": 0.1, "gradient_as_bucket_view": True}
+    ),
+    "wide_bucket_view_zeroed_no_sync": lambda: run(
+        model={"wide": True},
+        ddp={"bucket_cap_mb": 0.1, "gradient_as_bucket_view": True},
+        no_sync_every=2,
+        steps=6,
+        zero_grad_to_none=False,
+    ),
+    "wide_hook_bucket_view": lambda: run(
+        model={"wide": True},
+        ddp={"gradient_as_bucket_view": True},
+        hook="allreduce_hook",
+        record=True,
+    ),
+    "wide_unused_find": lambda: run(
+        model={"wide": True, "unused": True},
+        ddp={"find_unused_parameters": True, "bucket_cap_mb": 0.1},
+        spare_on_rank=1,
+    ),
+    "wide_static_graph": lambda: run(
+        model={"wide": True, "tied": True},
+        ddp={"static_graph": True, "gradient_as_bucket_view": True},
+        steps=5,
+    ),
     "sparse_hook": lambda: run(
         model={"sparse": True}, ddp={"bucket_cap_mb": 0.01}, hook="allreduce_hook", record=True
     ),

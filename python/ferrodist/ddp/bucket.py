@@ -17,7 +17,7 @@ from __future__ import annotations
 import operator
 from dataclasses import dataclass, field
 from itertools import repeat
-from typing import Any, Optional, Sequence
+from typing import Any, Collection, Optional, Sequence
 
 import torch
 
@@ -61,6 +61,9 @@ class Bucket:
     #: One parameter with a sparse gradient: ``buffer`` is that gradient itself, reduced as a
     #: sparse tensor (sparse gradients cannot share a flat buffer).
     sparse: bool = False
+    #: Positions already copied into their slot this iteration, as their gradient arrived
+    #: (see ``take_early``); ``fill`` leaves them alone and forgets them.
+    early: set[int] = field(default_factory=set)
 
     @classmethod
     def build(
@@ -145,6 +148,35 @@ class Bucket:
 
     # ---- into the bucket --------------------------------------------------------------------
 
+    def take_early(
+        self, pos: int, param: torch.Tensor, divide_by: Optional[int], as_bucket_view: bool
+    ) -> None:
+        """Copy one large gradient into its slot the moment it arrives, as torch's Reducer does.
+
+        Called from the gradient's hook, while the gradient is still in cache and before the
+        next layer's gradients are allocated; with ``as_bucket_view`` the fresh ``.grad`` is
+        replaced by its slot at once, so its memory is free for the next gradient. Gradients
+        this cannot take as they are (missing, aliasing the slot already, part of a graph) are
+        left to ``fill``, which then does exactly what it did before.
+        """
+        grad = param.grad
+        view = self.views_in[pos]
+        if (
+            grad is None
+            or grad is view
+            or grad.requires_grad
+            or grad.layout != torch.strided
+            or grad.data_ptr() == view.data_ptr()
+        ):
+            return
+        if divide_by is None:
+            view.copy_(grad)
+        else:
+            torch.mul(grad, 1.0 / float(divide_by), out=view)
+        if as_bucket_view:
+            param.grad = view
+        self.early.add(pos)
+
     def fill(self, divide_by: Optional[int], as_bucket_view: bool) -> None:
         """Put every parameter's gradient into its slot.
 
@@ -158,6 +190,11 @@ class Bucket:
             return
         grads: list[Optional[torch.Tensor]] = list(map(_grad_of, self.parameters))
         views = self.views_in
+        early = self.early
+        if early:
+            self.early = set()
+            self._fill_rest(early, grads, divide_by, as_bucket_view)
+            return
         if as_bucket_view and all(map(operator.is_, grads, views)):
             if divide_by is not None:
                 self.buffer.div_(divide_by)
@@ -165,8 +202,21 @@ class Bucket:
         if not as_bucket_view and _all_defined(grads):
             self._copy_scaled(range(len(views)), grads, divide_by)  # type: ignore[arg-type]
             return
+        self._fill_rest(frozenset(), grads, divide_by, as_bucket_view)
+
+    def _fill_rest(
+        self,
+        done: Collection[int],
+        grads: list[Optional[torch.Tensor]],
+        divide_by: Optional[int],
+        as_bucket_view: bool,
+    ) -> None:
+        """``fill``, one gradient at a time, for every position not in ``done``."""
+        views = self.views_in
         copied, aliased, missing = [], [], []
         for pos, (grad, view) in enumerate(zip(grads, views)):
+            if pos in done:
+                continue
             if grad is None:
                 missing.append(view)
             elif grad is view or (grad.data_ptr() == view.data_ptr() and grad.shape == view.shape):

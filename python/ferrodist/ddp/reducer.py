@@ -93,6 +93,10 @@ class Reducer(ReducerJoinSupport):
         self.logger: Any = None
         self._bucket_dtype: Optional[torch.dtype] = None
         self._mixed_precision: Any = None
+        #: parameter index -> (bucket, position) of the gradients ``Bucket.take_early`` copies
+        #: as they arrive; ``_early`` is that map while an iteration is reducing, else empty.
+        self._large_slots: dict[int, tuple[Bucket, int]] = {}
+        self._early: dict[int, tuple[Bucket, int]] = {}
         self._readiness = _native.Readiness(len(self._params), [list(b) for b in bucket_indices])
         self._initialize_buckets(bucket_indices, per_bucket_size_limits)
         self._set_mode(armed=False)
@@ -123,12 +127,20 @@ class Reducer(ReducerJoinSupport):
                     if p.grad is not None:
                         view.copy_(p.grad)
                         p.grad = view
+        self._large_slots = {
+            bucket.variable_indices[pos]: (bucket, pos)
+            for bucket in self._buckets
+            if not bucket.sparse
+            for pos in bucket.large
+        }
         self._reset_bucket_counting()
 
     def _reset_bucket_counting(self) -> None:
         self._readiness.reset()
+        self._early = {}
         for bucket in self._buckets:
             bucket.future = None
+            bucket.early.clear()
 
     def _bucket_limits_for_rebuild(self) -> list[int]:
         if self._bucket_bytes_cap_list:
@@ -194,6 +206,10 @@ class Reducer(ReducerJoinSupport):
         self._num_buckets_reduced = 0
         for bucket in self._buckets:
             bucket.future = None
+            bucket.early.clear()
+        # Copying a gradient as it arrives needs it final at its hook: not under a static graph
+        # (a reused parameter's hook fires more than once; the first iteration reduces at the end).
+        self._early = {} if self._static_graph else self._large_slots
 
     def _set_mode(self, armed: bool) -> None:
         """Tell the bookkeeping how this iteration's hooks count (starts a new iteration)."""
@@ -231,15 +247,24 @@ class Reducer(ReducerJoinSupport):
         on_hook = self._readiness.on_hook
         launch = self._launch
 
-        def hook(_param: torch.Tensor) -> None:
+        def hook(param: torch.Tensor) -> None:
             try:
                 run = on_hook(index)
             except ValueError:
                 raise self._ready_twice(index) from None
+            slot = self._early.get(index)
+            if slot is not None:
+                self._take_early(slot, param)
             if run is not None:
                 launch(*run)
 
         return hook
+
+    def _take_early(self, slot: tuple[Bucket, int], param: torch.Tensor) -> None:
+        self._set_divide_factor()
+        divide_by = None if self._comm_hook is not None else (self._div_factor or 1)
+        bucket, pos = slot
+        bucket.take_early(pos, param, divide_by, self._as_bucket_view)
 
     def _ready_twice(self, index: int) -> RuntimeError:
         name = self._names.get(index, str(index))
@@ -343,6 +368,7 @@ class Reducer(ReducerJoinSupport):
 
     def _finalize_backward(self) -> None:
         self._readiness.reset()
+        self._early = {}
         unused = self._globally_unused()
         if self._mixed_precision is not None:
             self._mixed_precision.to_full_precision()
