@@ -166,20 +166,22 @@ impl Load {
     }
 }
 
-/// Fewer cores than this and the tests skip (set FERRODIST_P99_TESTS=1 to run them anyway): two
-/// clients and the server's workers then share too few cores, and the OS's scheduling, not the
-/// server, sets the small client's p99 (40-240 ms beside a WAIT on 100K stored keys on the
-/// project's loaded 2-core VM, where an idle 16-core machine measures 7 ms).
-const MIN_CORES: usize = 4;
+/// The tests measure the server as built for use: in a debug build (the suite's `cargo test`)
+/// one 100K-key request's decoding alone takes tens of milliseconds, so they skip there unless
+/// FERRODIST_P99_TESTS=1; `cargo test --release --test tcp_server_fairness` runs them. They pass
+/// on this project's 2-core VM: the 40-240 ms once blamed on its few cores came from the server
+/// (a yield that left the I/O driver unpolled; see `runtime::yield_turn`).
+fn measured_build() -> bool {
+    !cfg!(debug_assertions) || std::env::var_os("FERRODIST_P99_TESTS").is_some()
+}
 
 /// One test at a time: they measure latency, and two at once would measure each other.
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
 /// Asserts that `load` on one connection moves the small client's p99 by at most P99_BUDGET.
 fn small_p99_holds_beside(load: Load) {
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    if cores < MIN_CORES && std::env::var_os("FERRODIST_P99_TESTS").is_none() {
-        eprintln!("skipped: {cores} cores, the p99 tests need {MIN_CORES} (FERRODIST_P99_TESTS=1)");
+    if !measured_build() {
+        eprintln!("skipped: a debug build (cargo test --release, or FERRODIST_P99_TESTS=1)");
         return;
     }
     let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
@@ -228,13 +230,10 @@ fn setting_and_getting_8_mib_values_moves_anothers_p99_by_under_10_ms() {
     small_p99_holds_beside(Load::BigValue);
 }
 
-/// Not met yet: on a quiet 16-core machine the small client's p99 still rises 20-300 ms beside
-/// back-to-back MULTI_GETs of 100K keys (0.19-0.69 s before the store read them a slice at a
-/// time into one buffer; 1.8-2.2 s with one allocation per value). The store lock is not the
-/// cause any more (a reader-writer lock that lets writers in between slices changed nothing), nor
-/// are malloc's mmap/trim thresholds or the number of runtime workers (4 or 16) by themselves.
+/// Was 0.5-1.2 s on this project's 2-core VM (and 20-300 ms on an idle 16-core machine) while
+/// the connection sending MULTI_GETs kept the one runtime worker for 128 socket operations at a
+/// time; now a connection yields after `WORK_SLICE` of work (`tcp/server/work_slice.rs`).
 #[test]
-#[ignore = "issue 17: MULTI_GET of 100K keys still moves another client's p99 by 20-300 ms"]
 fn a_multi_get_of_100k_keys_moves_anothers_p99_by_under_10_ms() {
     small_p99_holds_beside(Load::MultiGet);
 }

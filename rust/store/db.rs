@@ -129,8 +129,7 @@ impl Waiter {
             return Poll::Ready(());
         }
         drop(state);
-        cx.waker().wake_by_ref();
-        Poll::Pending
+        crate::runtime::yield_turn(cx)
     }
 
     /// Blocks the calling thread until released (true) or `deadline` passes (false).

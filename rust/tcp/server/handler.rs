@@ -48,6 +48,7 @@ use super::log_budget::LogBudget;
 use super::metrics::Refusal;
 use super::outbox::Outbox;
 use super::shutdown::Shutdown;
+use super::work_slice::Turn;
 use super::Shared;
 use crate::store::db::Db;
 use crate::tcp::auth::PROOF_LEN;
@@ -222,7 +223,9 @@ impl<B: Backend> Handler<B> {
         cx: &mut Context<'_>,
         shutdown: &mut Shutdown,
     ) -> Poll<Result<(), Closed>> {
+        let turn = Turn::start();
         loop {
+            ready!(turn.poll_continue(cx));
             if shutdown.poll_recv(cx).is_ready() {
                 return Poll::Ready(Ok(()));
             }
@@ -235,7 +238,7 @@ impl<B: Backend> Handler<B> {
             }
             self.process_buffered()?;
             if !self.output.is_empty() {
-                ready!(self.output.poll_write_to(&mut self.stream, cx))?;
+                ready!(self.output.poll_write_to(&mut self.stream, cx, &turn))?;
                 // More requests may be buffered behind the ones just answered.
                 continue;
             }

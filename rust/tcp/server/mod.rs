@@ -44,6 +44,7 @@ pub mod metrics;
 pub mod metrics_http;
 pub mod outbox;
 pub mod shutdown;
+pub mod work_slice;
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;

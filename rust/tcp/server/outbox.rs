@@ -26,6 +26,7 @@ use std::task::{ready, Context, Poll};
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use tokio::io::AsyncWrite;
 
+use super::work_slice::Turn;
 use crate::tcp::codec::Reply;
 
 /// Values at least this long are written from shared memory instead of being copied.
@@ -189,17 +190,19 @@ impl Outbox {
     }
 
     /// Writes everything queued, then gives its buffers back; pends while the peer's socket is
-    /// full (what was written so far stays written).
+    /// full or once `turn` is over (what was written so far stays written).
     pub fn poll_write_to<W: AsyncWrite + Unpin>(
         &mut self,
         sink: &mut W,
         cx: &mut Context<'_>,
+        turn: &Turn,
     ) -> Poll<std::io::Result<()>> {
         loop {
             ready!(self.poll_write_queued(sink, cx))?;
             if !self.refill() {
                 break;
             }
+            ready!(turn.poll_continue(cx));
         }
         // Hold no buffer between replies: most connections are idle most of the time.
         self.small = BytesMut::new();
@@ -226,6 +229,11 @@ impl Outbox {
                 break;
             };
             let Some(value) = large.streaming.pop_front() else {
+                // A lazily read reply gives a few hundred values at a time: read on until the
+                // window is full, so a write carries a window, not one source window.
+                if Self::pull_window(large) && !large.streaming.is_empty() {
+                    continue;
+                }
                 break;
             };
             window += 8 + value.len();
@@ -282,7 +290,7 @@ mod tests {
         Reply::Int(5).encode(&mut expected);
         assert_eq!(outbox.len(), expected.len());
         let mut written = Vec::new();
-        std::future::poll_fn(|cx| outbox.poll_write_to(&mut written, cx))
+        std::future::poll_fn(|cx| outbox.poll_write_to(&mut written, cx, &Turn::start()))
             .await
             .unwrap();
         assert_eq!(written, expected.to_vec());
@@ -309,7 +317,7 @@ mod tests {
         Reply::Int(9).encode(&mut expected);
         assert_eq!(outbox.len(), expected.len());
         let mut written = Vec::new();
-        std::future::poll_fn(|cx| outbox.poll_write_to(&mut written, cx))
+        std::future::poll_fn(|cx| outbox.poll_write_to(&mut written, cx, &Turn::start()))
             .await
             .unwrap();
         assert!(written == expected.to_vec(), "bytes differ");
@@ -356,7 +364,7 @@ mod tests {
         Reply::Int(9).encode(&mut expected);
         Reply::Values(vec![value; 300]).encode(&mut expected);
         let mut written = Vec::new();
-        std::future::poll_fn(|cx| outbox.poll_write_to(&mut written, cx))
+        std::future::poll_fn(|cx| outbox.poll_write_to(&mut written, cx, &Turn::start()))
             .await
             .unwrap();
         assert!(written == expected.to_vec(), "bytes differ");
