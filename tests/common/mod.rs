@@ -36,7 +36,12 @@ pub fn frames(requests: &[Request]) -> Vec<u8> {
 
 /// A raw blocking socket to `server`, already past the handshake unless `validate` is false.
 pub fn raw(server: &Server, validate: bool) -> TcpStream {
-    let stream = TcpStream::connect(server.local_addr()).expect("connects");
+    raw_to(server.local_addr(), validate)
+}
+
+/// A raw blocking socket to the server at `addr`, as [`raw`].
+pub fn raw_to(addr: std::net::SocketAddr, validate: bool) -> TcpStream {
+    let stream = TcpStream::connect(addr).expect("connects");
     stream
         .set_read_timeout(Some(Duration::from_secs(10)))
         .unwrap();
