@@ -17,7 +17,7 @@ from __future__ import annotations
 import operator
 from dataclasses import dataclass, field
 from itertools import repeat
-from typing import Any, Collection, Optional, Sequence
+from typing import Any, Collection, Iterable, Optional, Sequence
 
 import torch
 
@@ -58,6 +58,8 @@ class Bucket:
     parameters: list[torch.Tensor] = field(default_factory=list)
     #: Positions of the gradients copied one by one (at least ``SMALL_NUMEL`` elements).
     large: frozenset[int] = frozenset()
+    #: The other positions, in order.
+    small: tuple[int, ...] = ()
     #: One parameter with a sparse gradient: ``buffer`` is that gradient itself, reduced as a
     #: sparse tensor (sparse gradients cannot share a flat buffer).
     sparse: bool = False
@@ -100,6 +102,7 @@ class Bucket:
         bucket.parameters = members
         bucket.views_in = bucket.views_of(buffer)
         bucket.large = frozenset(i for i, n in enumerate(lengths) if n >= SMALL_NUMEL)
+        bucket.small = tuple(i for i in range(len(lengths)) if i not in bucket.large)
         return bucket
 
     @classmethod
@@ -193,7 +196,9 @@ class Bucket:
         early = self.early
         if early:
             self.early = set()
-            self._fill_rest(early, grads, divide_by, as_bucket_view)
+            # every large gradient taken early (the usual case): only the small ones are left
+            rest = self.small if len(early) == len(self.large) else self._not_in(early)
+            self._fill_rest(rest, grads, divide_by, as_bucket_view)
             return
         if as_bucket_view and all(map(operator.is_, grads, views)):
             if divide_by is not None:
@@ -202,21 +207,23 @@ class Bucket:
         if not as_bucket_view and _all_defined(grads):
             self._copy_scaled(range(len(views)), grads, divide_by)  # type: ignore[arg-type]
             return
-        self._fill_rest(frozenset(), grads, divide_by, as_bucket_view)
+        self._fill_rest(range(len(views)), grads, divide_by, as_bucket_view)
+
+    def _not_in(self, done: Collection[int]) -> list[int]:
+        return [pos for pos in range(len(self.views_in)) if pos not in done]
 
     def _fill_rest(
         self,
-        done: Collection[int],
+        positions: Iterable[int],
         grads: list[Optional[torch.Tensor]],
         divide_by: Optional[int],
         as_bucket_view: bool,
     ) -> None:
-        """``fill``, one gradient at a time, for every position not in ``done``."""
+        """``fill``, one gradient at a time, for the gradients at ``positions``."""
         views = self.views_in
         copied, aliased, missing = [], [], []
-        for pos, (grad, view) in enumerate(zip(grads, views)):
-            if pos in done:
-                continue
+        for pos in positions:
+            grad, view = grads[pos], views[pos]
             if grad is None:
                 missing.append(view)
             elif grad is view or (grad.data_ptr() == view.data_ptr() and grad.shape == view.shape):

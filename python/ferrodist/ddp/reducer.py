@@ -254,17 +254,17 @@ class Reducer(ReducerJoinSupport):
                 raise self._ready_twice(index) from None
             slot = self._early.get(index)
             if slot is not None:
-                self._take_early(slot, param)
+                bucket, pos = slot
+                bucket.take_early(pos, param, self._divisor(), self._as_bucket_view)
             if run is not None:
                 launch(*run)
 
         return hook
 
-    def _take_early(self, slot: tuple[Bucket, int], param: torch.Tensor) -> None:
+    def _divisor(self) -> Optional[int]:
+        """What a gradient is divided by on its way into its bucket (None with a comm hook)."""
         self._set_divide_factor()
-        divide_by = None if self._comm_hook is not None else (self._div_factor or 1)
-        bucket, pos = slot
-        bucket.take_early(pos, param, divide_by, self._as_bucket_view)
+        return None if self._comm_hook is not None else (self._div_factor or 1)
 
     def _ready_twice(self, index: int) -> RuntimeError:
         name = self._names.get(index, str(index))
@@ -284,8 +284,7 @@ class Reducer(ReducerJoinSupport):
 
     def _launch(self, first: int, end: int, all_launched: bool) -> None:
         """Fill and reduce buckets ``first..end``; after the last, finalize at backward's end."""
-        self._set_divide_factor()
-        divide_by = None if self._comm_hook is not None else (self._div_factor or 1)
+        divide_by = self._divisor()
         with torch.no_grad():
             for b in range(first, end):
                 self._buckets[b].fill(divide_by, self._as_bucket_view)
@@ -356,8 +355,7 @@ class Reducer(ReducerJoinSupport):
         self._unused = self._readiness.never_hooked()
         self._unused_set = frozenset(self._unused)
         run = self._readiness.mark_all()
-        self._set_divide_factor()
-        divide_by = None if self._comm_hook is not None else (self._div_factor or 1)
+        divide_by = self._divisor()
         with torch.no_grad():
             for b in range(len(self._buckets)):
                 self._buckets[b].fill(divide_by, self._as_bucket_view)
