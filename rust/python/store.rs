@@ -10,7 +10,7 @@ use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyDelta, PyDeltaAccess, PyFloat, PyInt, PyString};
 
-use super::blocking::{detached, detached_interruptible};
+use super::blocking::{detached, detached_interruptible, quick};
 use super::errors::to_py;
 use crate::error::Error;
 use crate::store::{HashStore, Interrupt, Store};
@@ -216,7 +216,7 @@ impl PyNativeStore {
     /// Stores ``value`` (bytes or str) under ``key``.
     fn set(&self, py: Python<'_>, key: Key, value: Value) -> PyResult<()> {
         let value = value.into_vec();
-        detached(py, || self.inner.set(&key, &value))
+        quick(py, self.inner.in_memory(), || self.inner.set(&key, &value))
     }
 
     /// Returns the value of ``key`` as bytes, waiting up to the store timeout for it.
@@ -232,7 +232,9 @@ impl PyNativeStore {
 
     /// Adds ``amount`` to the integer under ``key`` and returns the new value.
     fn add(&self, py: Python<'_>, key: Key, amount: Amount) -> PyResult<i64> {
-        detached(py, || self.inner.add(&key, amount.0))
+        quick(py, self.inner.in_memory(), || {
+            self.inner.add(&key, amount.0)
+        })
     }
 
     /// torch's compare-and-set; returns the value after the call.
@@ -244,13 +246,15 @@ impl PyNativeStore {
         desired_value: Value,
     ) -> PyResult<Vec<u8>> {
         let (expected, desired) = (expected_value.into_vec(), desired_value.into_vec());
-        detached(py, || self.inner.compare_set(&key, &expected, &desired))
+        quick(py, self.inner.in_memory(), || {
+            self.inner.compare_set(&key, &expected, &desired)
+        })
     }
 
     /// True iff every key is present now.
     fn check(&self, py: Python<'_>, keys: Vec<Key>) -> PyResult<bool> {
         let keys = Key::strings(keys);
-        detached(py, || self.inner.check(&keys))
+        quick(py, self.inner.in_memory(), || self.inner.check(&keys))
     }
 
     /// Waits until every key is present, up to ``timeout`` (default: the store timeout).
@@ -268,18 +272,20 @@ impl PyNativeStore {
 
     /// Removes ``key``; True iff it existed.
     fn delete_key(&self, py: Python<'_>, key: Key) -> PyResult<bool> {
-        detached(py, || self.inner.delete_key(&key))
+        quick(py, self.inner.in_memory(), || self.inner.delete_key(&key))
     }
 
     /// Number of keys, internal ones included.
     fn num_keys(&self, py: Python<'_>) -> PyResult<i64> {
-        detached(py, || self.inner.num_keys())
+        quick(py, self.inner.in_memory(), || self.inner.num_keys())
     }
 
     /// Appends ``value`` to ``key``.
     fn append(&self, py: Python<'_>, key: Key, value: Value) -> PyResult<()> {
         let value = value.into_vec();
-        detached(py, || self.inner.append(&key, &value))
+        quick(py, self.inner.in_memory(), || {
+            self.inner.append(&key, &value)
+        })
     }
 
     /// Values of every key, waiting for them up to the store timeout.
@@ -305,14 +311,18 @@ impl PyNativeStore {
     /// Pushes ``value`` onto the queue ``key``.
     fn queue_push(&self, py: Python<'_>, key: Key, value: Value) -> PyResult<()> {
         let value = value.into_vec();
-        detached(py, || self.inner.queue_push(&key, &value))
+        quick(py, self.inner.in_memory(), || {
+            self.inner.queue_push(&key, &value)
+        })
     }
 
     /// Pops the front of queue ``key``; with ``block``, waits up to the store timeout.
     #[pyo3(signature = (key, block=true))]
     fn queue_pop(&self, py: Python<'_>, key: Key, block: bool) -> PyResult<Vec<u8>> {
         if !block {
-            return detached(py, || self.inner.queue_pop(&key, false));
+            return quick(py, self.inner.in_memory(), || {
+                self.inner.queue_pop(&key, false)
+            });
         }
         let timeout = self.inner.timeout();
         self.waiting(
@@ -325,7 +335,7 @@ impl PyNativeStore {
 
     /// Length of queue ``key`` (0 if it does not exist).
     fn queue_len(&self, py: Python<'_>, key: Key) -> PyResult<i64> {
-        detached(py, || self.inner.queue_len(&key))
+        quick(py, self.inner.in_memory(), || self.inner.queue_len(&key))
     }
 
     /// Every user-visible key.

@@ -93,6 +93,10 @@ impl HashStore {
 }
 
 impl Store for HashStore {
+    fn in_memory(&self) -> bool {
+        true
+    }
+
     fn set(&self, key: &str, value: &[u8]) -> Result<()> {
         self.db.set(key_bytes(key), Bytes::copy_from_slice(value));
         Ok(())
@@ -326,6 +330,16 @@ mod tests {
             b"2"
         );
         handle.join().unwrap();
+    }
+
+    #[test]
+    fn a_hash_store_is_in_memory_under_a_prefix_too_and_a_file_store_is_not() {
+        let hash: Arc<dyn Store> = Arc::new(HashStore::new());
+        assert!(hash.in_memory());
+        assert!(crate::store::prefix::PrefixStore::new("p", hash).in_memory());
+        let dir = tempfile::tempdir().unwrap();
+        let file = crate::store::file::FileStore::new(dir.path().join("f"), 1).unwrap();
+        assert!(!file.in_memory());
     }
 
     #[test]

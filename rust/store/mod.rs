@@ -274,6 +274,15 @@ pub trait Store: Send + Sync {
         true
     }
 
+    /// True for a store in this process's memory (HashStore, a PrefixStore over one): its calls
+    /// that wait for no key hold an in-process lock for a bounded time and never wait on another
+    /// process or the network, so the bindings make them without releasing the GIL (a release
+    /// and re-take costs about 80 ns, a quarter of such a call; native `add` ran at 3.04M ops/s
+    /// with it and 4.01M without). False by default: files, sockets and Python stores block.
+    fn in_memory(&self) -> bool {
+        false
+    }
+
     /// Adds `member` to the roll named `roll` (a set that every rank of a rendezvous joins) and
     /// returns how many members it counts, this one included. Of the callers that bring it to
     /// `n` members, at least one sees `n`: the rendezvous's last rank knows it is last.

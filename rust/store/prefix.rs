@@ -173,6 +173,10 @@ impl Store for PrefixStore {
         self.inner.interruptible_waits()
     }
 
+    fn in_memory(&self) -> bool {
+        self.inner.in_memory()
+    }
+
     fn enroll(&self, roll: &str, member: usize) -> Result<usize> {
         self.inner.enroll(&self.key(roll), member)
     }

@@ -333,3 +333,28 @@ def test_env_init_wraps_the_store_in_the_namespaces_prefix_store(
         assert isinstance(default_pg.underlying_store, impl.TCPStore)
     finally:
         impl.destroy_process_group()
+
+
+def test_hash_store_calls_from_many_threads_add_up_beside_a_blocked_wait() -> None:
+    # In-memory calls that wait for no key keep the GIL (rust/python/blocking.rs `quick`); a
+    # blocked wait still releases it, or the setters below could never run.
+    store = ferrodist.HashStore()
+    waited: list[bool] = []
+    waiter = threading.Thread(
+        target=lambda: waited.append(store.wait(["done"], timedelta(seconds=30)) is None)
+    )
+    waiter.start()
+
+    def adds() -> None:
+        for _ in range(5000):
+            store.add("n", 1)
+
+    adders = [threading.Thread(target=adds) for _ in range(4)]
+    for t in adders:
+        t.start()
+    for t in adders:
+        t.join()
+    store.set("done", "1")
+    waiter.join(timeout=30)
+    assert waited == [True]
+    assert store.add("n", 0) == 20000
