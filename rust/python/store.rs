@@ -221,6 +221,9 @@ impl PyNativeStore {
 
     /// Returns the value of ``key`` as bytes, waiting up to the store timeout for it.
     fn get(&self, py: Python<'_>, key: Key) -> PyResult<Vec<u8>> {
+        if let Some(value) = self.inner.get_now(&key) {
+            return Ok(value);
+        }
         let timeout = self.inner.timeout();
         self.waiting(
             py,

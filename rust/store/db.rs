@@ -243,6 +243,11 @@ impl Db {
         self.read().values.get(key)
     }
 
+    /// `f` of the value of `key`, read in place under the lock (no copy of its own).
+    pub fn value_with<R>(&self, key: &[u8], f: impl FnOnce(&[u8]) -> R) -> Option<R> {
+        self.read().values.value(key).map(f)
+    }
+
     /// GET: the value, empty when missing (torch's libuv behaviour).
     pub fn get(&self, key: &[u8]) -> Bytes {
         self.read().values.get(key).unwrap_or_default()

@@ -97,14 +97,18 @@ impl Store for HashStore {
         true
     }
 
+    fn get_now(&self, key: &str) -> Option<Vec<u8>> {
+        self.db.value_with(key.as_bytes(), <[u8]>::to_vec)
+    }
+
     fn set(&self, key: &str, value: &[u8]) -> Result<()> {
         self.db.set(key_bytes(key), Bytes::copy_from_slice(value));
         Ok(())
     }
 
     fn get_timeout(&self, key: &str, timeout: Duration) -> Result<Vec<u8>> {
-        if let Some(value) = self.db.value(key.as_bytes()) {
-            return Ok(value.to_vec()); // the common case, without allocating a key
+        if let Some(value) = self.get_now(key) {
+            return Ok(value); // the common case, without allocating a key
         }
         let mut values = self.values(&[key_bytes(key)], timeout, "get")?;
         Ok(values.pop().expect("one key, one value"))
@@ -336,10 +340,16 @@ mod tests {
     fn a_hash_store_is_in_memory_under_a_prefix_too_and_a_file_store_is_not() {
         let hash: Arc<dyn Store> = Arc::new(HashStore::new());
         assert!(hash.in_memory());
-        assert!(crate::store::prefix::PrefixStore::new("p", hash).in_memory());
+        assert!(crate::store::prefix::PrefixStore::new("p", hash.clone()).in_memory());
         let dir = tempfile::tempdir().unwrap();
         let file = crate::store::file::FileStore::new(dir.path().join("f"), 1).unwrap();
         assert!(!file.in_memory());
+        assert_eq!(file.get_now("k"), None);
+        let prefixed = crate::store::prefix::PrefixStore::new("p", hash.clone());
+        prefixed.set("k", b"v").unwrap();
+        assert_eq!(prefixed.get_now("k"), Some(b"v".to_vec()));
+        assert_eq!(hash.get_now("p/k"), Some(b"v".to_vec()));
+        assert_eq!(hash.get_now("k"), None);
     }
 
     #[test]

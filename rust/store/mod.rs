@@ -283,6 +283,14 @@ pub trait Store: Send + Sync {
         false
     }
 
+    /// The value of `key` if it is there now, looked up without waiting and without blocking
+    /// (only an in-memory store answers; `None` sends the caller to [`Store::get_timeout`]).
+    /// The bindings try it first, with the GIL held, so a GET of a key that is there costs no
+    /// GIL release.
+    fn get_now(&self, _key: &str) -> Option<Vec<u8>> {
+        None
+    }
+
     /// Adds `member` to the roll named `roll` (a set that every rank of a rendezvous joins) and
     /// returns how many members it counts, this one included. Of the callers that bring it to
     /// `n` members, at least one sees `n`: the rendezvous's last rank knows it is last.

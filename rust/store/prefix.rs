@@ -177,6 +177,10 @@ impl Store for PrefixStore {
         self.inner.in_memory()
     }
 
+    fn get_now(&self, key: &str) -> Option<Vec<u8>> {
+        self.inner.get_now(&self.key(key))
+    }
+
     fn enroll(&self, roll: &str, member: usize) -> Result<usize> {
         self.inner.enroll(&self.key(roll), member)
     }

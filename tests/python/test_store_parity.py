@@ -336,14 +336,17 @@ def test_env_init_wraps_the_store_in_the_namespaces_prefix_store(
 
 
 def test_hash_store_calls_from_many_threads_add_up_beside_a_blocked_wait() -> None:
-    # In-memory calls that wait for no key keep the GIL (rust/python/blocking.rs `quick`); a
-    # blocked wait still releases it, or the setters below could never run.
+    # In-memory calls that wait for no key keep the GIL (rust/python/blocking.rs `quick`, and a
+    # GET of a key that is there: Store::get_now); a blocked wait or get still releases it, or
+    # the setters below could never run.
     store = ferrodist.HashStore()
-    waited: list[bool] = []
+    waited: list[object] = []
     waiter = threading.Thread(
         target=lambda: waited.append(store.wait(["done"], timedelta(seconds=30)) is None)
     )
+    getter = threading.Thread(target=lambda: waited.append(store.get("done")))
     waiter.start()
+    getter.start()
 
     def adds() -> None:
         for _ in range(5000):
@@ -356,5 +359,6 @@ def test_hash_store_calls_from_many_threads_add_up_beside_a_blocked_wait() -> No
         t.join()
     store.set("done", "1")
     waiter.join(timeout=30)
-    assert waited == [True]
+    getter.join(timeout=30)
+    assert sorted(map(repr, waited)) == sorted(map(repr, [True, b"1"]))
     assert store.add("n", 0) == 20000
