@@ -238,12 +238,8 @@ impl Db {
         state.values.get(&key).unwrap_or(expected)
     }
 
-    /// The value of `key`, if it has one.
-    pub fn value(&self, key: &[u8]) -> Option<Bytes> {
-        self.read().values.get(key)
-    }
-
-    /// `f` of the value of `key`, read in place under the lock (no copy of its own).
+    /// `f` of the value of `key`, if it has one, read in place under the lock (no copy of its
+    /// own).
     pub fn value_with<R>(&self, key: &[u8], f: impl FnOnce(&[u8]) -> R) -> Option<R> {
         self.read().values.value(key).map(f)
     }
