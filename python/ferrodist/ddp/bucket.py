@@ -4,12 +4,15 @@ Parameters of a bucket share dtype and device (the bucket assignment guarantees 
 gradients can live back to back in one flat tensor that a single all-reduce moves.
 
 Filling and writing back happen once per bucket, not once per gradient: small gradients are
-moved with one ``torch._foreach_*`` call for the whole bucket (a Python call per tensor costs
-more than copying a few kilobytes), large ones one by one with a single pass each (multiply by
-``1 / world_size`` while copying, as torch's Reducer does); with a comm hook nothing is divided,
-so the whole bucket is one plain ``_foreach_copy_``. The copies back into ``.grad`` can be
-gathered across buckets into one call (see ``write_back``). Either way every element goes
-through the same arithmetic as in torch's Reducer, so results stay bitwise equal.
+moved together (a Python call per tensor costs more than copying a few kilobytes), large ones
+one by one with a single pass each (multiply by ``1 / world_size`` while copying, as torch's
+Reducer does); with a comm hook nothing is divided, so the whole bucket is one plain copy. On
+the CPU, where ``torch._foreach_*`` loops over its tensors one dispatch at a time (~1-2 us
+each), the small gradients are concatenated into one tensor, scaled there and written into
+their slots with one ``index_copy_`` (a bucket of only small ones: concatenated straight into
+the buffer); elsewhere ``_foreach_*`` is one fused kernel and stays. The copies back into
+``.grad`` can be gathered across buckets into one call (see ``write_back``). Either way every
+element goes through the same arithmetic as in torch's Reducer, so results stay bitwise equal.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from __future__ import annotations
 import operator
 from dataclasses import dataclass, field
 from itertools import repeat
-from typing import Any, Collection, Iterable, Optional, Sequence
+from typing import Any, Collection, Iterable, Optional, Sequence, Union
 
 import torch
 
@@ -35,6 +38,10 @@ _VIEW_ERROR = (
     "were registered onto the same parameter. If you hit this error, please file an issue "
     "with a minimal repro."
 )
+
+
+def _flattened(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    return [t.reshape(-1) for t in tensors]
 
 
 def _all_defined(grads: list[Optional[torch.Tensor]]) -> bool:
@@ -63,6 +70,14 @@ class Bucket:
     #: One parameter with a sparse gradient: ``buffer`` is that gradient itself, reduced as a
     #: sparse tensor (sparse gradients cannot share a flat buffer).
     sparse: bool = False
+    #: Element positions of the ``small`` slots in the buffer, in order, for one
+    #: ``index_copy_`` (on the CPU only; ``None`` elsewhere).
+    small_index: Optional[torch.Tensor] = None
+    #: Whether every slot is one-dimensional (``torch.cat`` takes the gradients as they are).
+    flat_small: bool = False
+    flat_all: bool = False
+    #: ``(divisor, 1 / divisor as a 0-dim tensor)`` of the last ``_reciprocal``.
+    reciprocal_kept: Optional[tuple[int, torch.Tensor]] = None
     #: Positions already copied into their slot this iteration, as their gradient arrived
     #: (see ``take_early``); ``fill`` leaves them alone and forgets them.
     early: set[int] = field(default_factory=set)
@@ -103,6 +118,12 @@ class Bucket:
         bucket.views_in = bucket.views_of(buffer)
         bucket.large = frozenset(i for i, n in enumerate(lengths) if n >= SMALL_NUMEL)
         bucket.small = tuple(i for i in range(len(lengths)) if i not in bucket.large)
+        bucket.flat_small = all(len(sizes[i]) == 1 for i in bucket.small)
+        bucket.flat_all = bucket.flat_small and all(len(sizes[i]) == 1 for i in bucket.large)
+        if buffer.device.type == "cpu" and len(bucket.small) > 1:
+            bucket.small_index = torch.cat(
+                [torch.arange(offsets[i], offsets[i] + lengths[i]) for i in bucket.small]
+            )
         return bucket
 
     @classmethod
@@ -175,10 +196,28 @@ class Bucket:
         if divide_by is None:
             view.copy_(grad)
         else:
-            torch.mul(grad, 1.0 / float(divide_by), out=view)
+            torch.mul(grad, self._reciprocal(divide_by), out=view)
         if as_bucket_view:
             param.grad = view
         self.early.add(pos)
+
+    def _reciprocal(self, divide_by: int) -> Union[float, torch.Tensor]:
+        """``1 / divide_by`` as the multiplier of a gradient copied into this bucket.
+
+        On a float32 or float64 bucket on the CPU a 0-dim tensor of the bucket's dtype, kept
+        while the divisor stays: ``torch.mul`` takes it without the dtype handling a Python
+        number goes through (~2 us less per call) and multiplies by the very same value (a
+        Python number is rounded to the bucket's dtype too), so results stay bitwise equal.
+        """
+        kept = self.reciprocal_kept
+        if kept is not None and kept[0] == divide_by:
+            return kept[1]
+        scale = 1.0 / float(divide_by)
+        dtype = self.buffer.dtype
+        if self.buffer.device.type != "cpu" or dtype not in (torch.float32, torch.float64):
+            return scale
+        self.reciprocal_kept = (divide_by, torch.tensor(scale, dtype=dtype))
+        return self.reciprocal_kept[1]
 
     def fill(self, divide_by: Optional[int], as_bucket_view: bool) -> None:
         """Put every parameter's gradient into its slot.
@@ -260,31 +299,60 @@ class Bucket:
         scale = None if divide_by is None else 1.0 / float(divide_by)
         whole = len(positions) == len(views)
         if whole and not self.large:
-            torch._foreach_copy_(views, grads)
+            self._copy_whole(grads)
             if scale is not None:
                 self.buffer.mul_(scale)
             return
-        if scale is None:  # a plain copy is one pass at any size: one call for the bucket
+        if scale is None and self.small_index is None:  # one fused copy for the bucket
             if whole:
                 torch._foreach_copy_(views, grads)
             else:
                 torch._foreach_copy_([views[p] for p in positions], [grads[p] for p in positions])
             return
-        small_views, small_grads = [], []
+        small: list[int] = []
         for pos in positions:
-            grad, view = grads[pos], views[pos]
             if pos in self.large:
                 if scale is None:
-                    view.copy_(grad)
+                    views[pos].copy_(grads[pos])
                 else:
-                    torch.mul(grad, scale, out=view)
+                    torch.mul(grads[pos], scale, out=views[pos])
             else:
-                small_views.append(view)
-                small_grads.append(grad)
-        if small_views:
-            torch._foreach_copy_(small_views, small_grads)
+                small.append(pos)
+        if small:
+            self._copy_small(small, grads, scale)
+
+    def _copy_whole(self, grads: list[torch.Tensor]) -> None:
+        """Copy every gradient into its slot (the bucket holds small ones only)."""
+        if self.small_index is not None:
+            try:
+                torch.cat(grads if self.flat_all else _flattened(grads), out=self.buffer)
+                return
+            except RuntimeError:  # a gradient overlapping the buffer: copied one by one
+                pass
+        torch._foreach_copy_(self.views_in, grads)
+
+    def _copy_small(
+        self, small: list[int], grads: list[torch.Tensor], scale: Optional[float]
+    ) -> None:
+        """Copy the small gradients at ``small`` (ascending) into their slots, scaled."""
+        taken = [grads[p] for p in small]
+        if self.small_index is not None and len(small) == len(self.small):
+            flat = torch.cat(taken if self.flat_small else _flattened(taken))
+            if flat.dtype != self.buffer.dtype:
+                flat = flat.to(self.buffer.dtype)
             if scale is not None:
-                torch._foreach_mul_(small_views, scale)
+                flat.mul_(scale)
+            self.buffer.index_copy_(0, self.small_index, flat)
+            return
+        slots = [self.views_in[p] for p in small]
+        torch._foreach_copy_(slots, taken)
+        if scale is None:
+            return
+        if self.buffer.dtype in (torch.float32, torch.float64):
+            torch._foreach_mul_(slots, scale)
+        else:  # on the CPU ``_foreach_mul_`` rounds ``scale`` to a half type first: not torch's
+            for slot in slots:
+                slot.mul_(scale)
 
     # ---- out of the bucket ------------------------------------------------------------------
 
