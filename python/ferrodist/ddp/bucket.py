@@ -9,10 +9,11 @@ one by one with a single pass each (multiply by ``1 / world_size`` while copying
 Reducer does); with a comm hook nothing is divided, so the whole bucket is one plain copy. On
 the CPU, where ``torch._foreach_*`` loops over its tensors one dispatch at a time (~1-2 us
 each), the small gradients are concatenated into one tensor, scaled there and written into
-their slots with one ``index_copy_`` (a bucket of only small ones: concatenated straight into
-the buffer); elsewhere ``_foreach_*`` is one fused kernel and stays. The copies back into
-``.grad`` can be gathered across buckets into one call (see ``write_back``). Either way every
-element goes through the same arithmetic as in torch's Reducer, so results stay bitwise equal.
+their slots with one ``index_copy_`` (a bucket of only small one-dimensional ones:
+concatenated straight into the buffer); elsewhere ``_foreach_*`` is one fused kernel and
+stays. The copies back into ``.grad`` can be gathered across buckets into one call (see
+``write_back``). Either way every element goes through the same arithmetic as in torch's
+Reducer, so results stay bitwise equal.
 """
 
 from __future__ import annotations
@@ -323,9 +324,9 @@ class Bucket:
 
     def _copy_whole(self, grads: list[torch.Tensor]) -> None:
         """Copy every gradient into its slot (the bucket holds small ones only)."""
-        if self.small_index is not None:
-            try:
-                torch.cat(grads if self.flat_all else _flattened(grads), out=self.buffer)
+        if self.small_index is not None and self.flat_all:  # reshaping each costs more than
+            try:  # ``_foreach_copy_`` saves
+                torch.cat(grads, out=self.buffer)
                 return
             except RuntimeError:  # a gradient overlapping the buffer: copied one by one
                 pass

@@ -30,12 +30,14 @@ class GradBucket:
         self._index = index
         self._bucket_count = bucket_count
         self._buffer = buffer
-        self._offsets = list(offsets)
-        self._lengths = list(lengths)
-        self._sizes = list(sizes)
-        self._parameters = list(parameters)
+        # Kept as given, not copied (the Reducer builds one per bucket and iteration, and
+        # copying lists of thousands of tensors touches every one): accessors hand out copies.
+        self._offsets = offsets
+        self._lengths = lengths
+        self._sizes = sizes
+        self._parameters = parameters
         # Views of ``buffer`` made once by the Reducer; valid until ``set_buffer``.
-        self._views = None if views is None else list(views)
+        self._views = views
 
     def index(self) -> int:
         """Position in reduction order; bucket 0 is reduced first (the last layers)."""

@@ -309,6 +309,9 @@ class Reducer(ReducerJoinSupport):
         if self.times.comm_start == 0:
             self.times.comm_start = time.time_ns()
         bucket = self._buckets[b]
+        if self._comm_hook is None:  # no GradBucket to build: the all-reduce takes the buffer
+            bucket.future = self._default_all_reduce(bucket.buffer)
+            return
         bucket.future = self._run_comm_hook(
             bucket.grad_bucket(b, len(self._buckets), bucket.buffer)
         )
@@ -316,11 +319,15 @@ class Reducer(ReducerJoinSupport):
     def _run_comm_hook(self, grad_bucket: GradBucket) -> Any:
         """Run the registered hook (or the default sum all-reduce) on one bucket."""
         if self._comm_hook is None:
-            # the work's own future (its value: [buffer]), no Python callback on gloo's thread
-            work = tdist.all_reduce(grad_bucket.buffer(), group=self._process_group, async_op=True)
-            assert work is not None
-            return work.get_future()
+            return self._default_all_reduce(grad_bucket.buffer())
         return comm_hook.checked_future(self._comm_hook(grad_bucket))
+
+    def _default_all_reduce(self, buffer: torch.Tensor) -> Any:
+        """Sum ``buffer`` across ranks: the work's own future (its value: ``[buffer]``), with
+        no Python callback on the backend's thread."""
+        work = tdist.all_reduce(buffer, group=self._process_group, async_op=True)
+        assert work is not None
+        return work.get_future()
 
     @property
     def _local_used(self) -> torch.Tensor:
