@@ -25,17 +25,26 @@ def find_tensors(obj: Any) -> list[torch.Tensor]:
 
 
 def reachable_parameters(outputs: Iterable[torch.Tensor]) -> set[int]:
-    """``id()`` of every leaf tensor whose accumulator is reachable from ``outputs``."""
+    """``id()`` of every leaf tensor whose accumulator is reachable from ``outputs``.
+
+    Runs every forward with ``find_unused_parameters`` over the whole graph (hundreds of nodes
+    per layer stack), so it stays lean: a node is marked seen when first pushed, and only
+    nodes with no successors (accumulators are such nodes) are asked for ``.variable``, a
+    lookup that raises inside ``getattr`` on every other node type.
+    """
     stack = [t.grad_fn for t in outputs if t.grad_fn is not None]
-    seen: set[Any] = set()
+    seen: set[Any] = set(stack)
     used: set[int] = set()
     while stack:
         node = stack.pop()
-        if node in seen:
+        successors = node.next_functions
+        if not successors:
+            variable = getattr(node, "variable", None)
+            if variable is not None:
+                used.add(id(variable))
             continue
-        seen.add(node)
-        variable = getattr(node, "variable", None)
-        if variable is not None:
-            used.add(id(variable))
-        stack.extend(nxt for nxt, _ in node.next_functions if nxt is not None)
+        for successor, _ in successors:
+            if successor is not None and successor not in seen:
+                seen.add(successor)
+                stack.append(successor)
     return used
