@@ -90,11 +90,12 @@ def run(
     record: bool = False,
     zero_grad_to_none: bool = True,
     swap_hooks: bool = False,
+    dtype: torch.dtype = torch.float32,
 ) -> dict[str, Any]:
     """Train both DDPs; return ``{"torch": ..., "ferrodist": ...}`` results."""
     rank = dist.get_rank()
     torch.manual_seed(7 + rank)  # different inits per rank: DDP's broadcast must fix them
-    base = Net(**(model or {}))
+    base = Net(**(model or {})).to(dtype)
     results = {}
     for kind, ddp_cls, hooks in (
         ("torch", TorchDDP, torch_hooks),
@@ -114,6 +115,7 @@ def run(
             wrapped.register_comm_hook(None, fn)
         opt = torch.optim.SGD(wrapped.parameters(), lr=0.05, momentum=0.9)
         for step, x in enumerate(_batches(rank, steps)):
+            x = x.to(dtype)
             use_spare = spare_on_rank is not None and (spare_on_rank < 0 or rank == spare_on_rank)
             accumulate = no_sync_every and (step % no_sync_every) != no_sync_every - 1
             if accumulate:
@@ -410,6 +412,15 @@ SCENARIOS: dict[str, Callable[[], dict[str, Any]]] = {
         model={"wide": True, "unused": True},
         ddp={"find_unused_parameters": True, "bucket_cap_mb": 0.1},
         spare_on_rank=1,
+    ),
+    # half types: every gradient multiplied by 1/3 in the bucket as torch does (1/3 is not a
+    # half-precision number: rounding it first gives other bits)
+    "wide_fp16": lambda: run(model={"wide": True}, ddp={"bucket_cap_mb": 0.1}, dtype=torch.float16),
+    "bf16_unused_find": lambda: run(
+        model={"unused": True},
+        ddp={"bucket_cap_mb": 0.01, "find_unused_parameters": True},
+        spare_on_rank=1,
+        dtype=torch.bfloat16,
     ),
     "wide_static_graph": lambda: run(
         model={"wide": True, "tied": True},

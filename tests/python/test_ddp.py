@@ -90,6 +90,8 @@ BITWISE = [
     "wide_hook_bucket_view",
     "wide_unused_find",
     "wide_static_graph",
+    "wide_fp16",
+    "bf16_unused_find",
     "delayed_all_reduce",
     "subgroup",
     "join_uneven",
