@@ -1,6 +1,6 @@
 # Type stub for the Rust extension `ferrodist._native` (rust/python/).
 # tests/python/test_stubs.py checks that this file and the module list the same names.
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
 from typing import Any, Union
 
@@ -177,6 +177,19 @@ class Readiness:
     def used_bytes(self) -> bytes: ...
     def clear_used(self) -> None: ...
     def never_hooked(self) -> list[int]: ...
+
+class GradientHook:
+    def __init__(
+        self,
+        readiness: Readiness,
+        index: int,
+        owner: object,
+        *,
+        launch: Callable[[Any, int, int, bool], None],
+        ready_twice: Callable[[Any, int], BaseException],
+        on_arrival: Callable[[Any, int, Any], None] | None = None,
+    ) -> None: ...
+    def __call__(self, param: Any) -> None: ...
 
 # --- fsdp ---
 _ShardInfoTuple = tuple[bool, int | None, int | None, int | None, int | None]

@@ -1,10 +1,15 @@
 //! Binding for [`crate::readiness`]: the DDP Reducer's per-gradient bookkeeping.
 //!
 //! `on_hook` runs once per parameter tensor per backward, so it converts nothing but an index
-//! and a small tuple.
+//! and a small tuple. [`PyGradientHook`] goes one step further: registered as the parameter's
+//! post-accumulate-grad hook itself, it reports the gradient without running any Python, and
+//! calls into Python only when there is work (a bucket to launch, a large gradient to copy).
+//! A Python hook costs a frame and a call into this module on every one of the thousands of
+//! gradients of a real model; this one costs a method call from autograd.
 
 use pyo3::prelude::*;
-use pyo3::types::PyBytes;
+use pyo3::types::{PyBytes, PyWeakrefReference};
+use pyo3::{PyTraverseError, PyVisit};
 
 use super::errors::to_py;
 use crate::readiness::{self, Mode, Ready};
@@ -139,7 +144,113 @@ impl PyReadiness {
     }
 }
 
-/// Adds the class to the module.
+/// One parameter's post-accumulate-grad hook: reports the gradient to a [`PyReadiness`].
+///
+/// Args:
+///     readiness (Readiness): the Reducer's bookkeeping.
+///     index (int): the parameter's index in it.
+///     owner (object): the Reducer, held weakly and passed first to each callback.
+///     launch (Callable[[object, int, int, bool], None]): called with
+///         `(owner, from, to, all_launched)` when buckets `from..to` may launch.
+///     ready_twice (Callable[[object, int], BaseException]): builds the error raised when the
+///         parameter is already ready in this iteration.
+///     on_arrival (Callable[[object, int, Tensor], None] | None): called with
+///         `(owner, index, param)` on every report before any launch (the Reducer copies large
+///         gradients as they arrive).
+///
+/// The hook lives on a parameter the Reducer itself holds, and torch keeps a tensor's hooks
+/// where the garbage collector cannot see them: a strong reference back to the Reducer would
+/// be a cycle never collected, keeping every dropped DDP's parameters and buckets in memory.
+/// So the owner is held weakly, and the hook reports nothing once it is gone.
+#[pyclass(name = "GradientHook", module = "ferrodist._native")]
+pub struct PyGradientHook {
+    index: usize,
+    /// `None` once the garbage collector cleared the hook.
+    callbacks: Option<HookCallbacks>,
+}
+
+struct HookCallbacks {
+    readiness: Py<PyReadiness>,
+    owner: Py<PyWeakrefReference>,
+    launch: Py<PyAny>,
+    ready_twice: Py<PyAny>,
+    on_arrival: Option<Py<PyAny>>,
+}
+
+#[pymethods]
+impl PyGradientHook {
+    #[new]
+    #[pyo3(signature = (readiness, index, owner, *, launch, ready_twice, on_arrival=None))]
+    fn new(
+        readiness: Py<PyReadiness>,
+        index: usize,
+        owner: &Bound<'_, PyAny>,
+        launch: Py<PyAny>,
+        ready_twice: Py<PyAny>,
+        on_arrival: Option<Py<PyAny>>,
+    ) -> PyResult<Self> {
+        let callbacks = HookCallbacks {
+            readiness,
+            owner: PyWeakrefReference::new(owner)?.unbind(),
+            launch,
+            ready_twice,
+            on_arrival,
+        };
+        Ok(PyGradientHook {
+            index,
+            callbacks: Some(callbacks),
+        })
+    }
+
+    fn __call__(&self, py: Python<'_>, param: Bound<'_, PyAny>) -> PyResult<()> {
+        let Some(callbacks) = &self.callbacks else {
+            return Ok(()); // cleared by the garbage collector
+        };
+        let Some(owner) = callbacks.owner.bind(py).upgrade() else {
+            return Ok(()); // the Reducer is gone: nothing to report to
+        };
+        // the borrow ends before any callback, which may read the readiness again
+        let reported = callbacks
+            .readiness
+            .try_borrow_mut(py)?
+            .inner
+            .on_hook(self.index);
+        let Ok(ready) = reported else {
+            let error = callbacks.ready_twice.bind(py).call1((owner, self.index))?;
+            return Err(PyErr::from_value(error));
+        };
+        if let Some(on_arrival) = &callbacks.on_arrival {
+            on_arrival.bind(py).call1((&owner, self.index, param))?;
+        }
+        if let Some((from, to, all_launched)) = to_tuple(ready) {
+            callbacks
+                .launch
+                .bind(py)
+                .call1((owner, from, to, all_launched))?;
+        }
+        Ok(())
+    }
+
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        if let Some(callbacks) = &self.callbacks {
+            visit.call(&callbacks.readiness)?;
+            visit.call(&callbacks.owner)?;
+            visit.call(&callbacks.launch)?;
+            visit.call(&callbacks.ready_twice)?;
+            if let Some(on_arrival) = &callbacks.on_arrival {
+                visit.call(on_arrival)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn __clear__(&mut self) {
+        self.callbacks = None;
+    }
+}
+
+/// Adds the classes to the module.
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_class::<PyReadiness>()
+    m.add_class::<PyReadiness>()?;
+    m.add_class::<PyGradientHook>()
 }

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+import weakref
 from typing import Iterator
 
 import pytest
@@ -214,3 +216,18 @@ def test_delay_all_reduce_arguments_come_in_pairs_like_torch(world: None) -> Non
             cls(_net(), delay_all_reduce_named_params=[])
         with pytest.raises(ValueError, match="need to be set at the same time"):
             cls(net, param_to_hook_all_reduce=net[0].weight)
+
+
+def test_a_dropped_ddp_and_its_model_are_garbage_collected(world: None) -> None:
+    """Each parameter's hook calls back into the Reducer, and torch keeps a tensor's hooks out of
+    the garbage collector's sight: held strongly, the Reducer (with every parameter and a
+    gradient-sized bucket buffer) outlived its DDP forever, as it did before the hook held it
+    weakly. torch's DDP is collected the same way."""
+    for ddp_class in (TorchDDP, FerroDDP):
+        model = _net()
+        ddp = ddp_class(model)
+        ddp(torch.randn(3, 4)).sum().backward()
+        refs = [weakref.ref(o) for o in (model, ddp, ddp.reducer, next(model.parameters()))]
+        del model, ddp
+        gc.collect()
+        assert [r() is None for r in refs] == [True] * 4, ddp_class

@@ -26,7 +26,7 @@ import torch.distributed as tdist
 
 from ferrodist import _native
 from ferrodist.ddp import _bucket_assignment, comm_hook
-from ferrodist.ddp.bucket import Bucket
+from ferrodist.ddp.bucket import SMALL_NUMEL, Bucket
 from ferrodist.ddp.bucket_sync import broadcast_bucket_layout
 from ferrodist.ddp.grad_bucket import GradBucket
 from ferrodist.ddp.reducer_join import ReducerJoinSupport
@@ -241,25 +241,27 @@ class Reducer(ReducerJoinSupport):
     def _static_first_iteration(self) -> bool:
         return self._static_graph and self._num_bwd_calls == 1
 
-    def _make_hook(self, index: int) -> Callable[[torch.Tensor], None]:
-        # The one piece of Python that runs per gradient: report to the Rust bookkeeping and
-        # launch what it says is complete.
-        on_hook = self._readiness.on_hook
-        launch = self._launch
+    def _make_hook(self, index: int) -> _native.GradientHook:
+        # Runs per gradient, in Rust: reports to the readiness bookkeeping and calls back only
+        # to launch buckets, or, for a gradient large enough to be copied as it arrives, to
+        # copy it (``_take_early``); most gradients of a real model run no Python at all. It
+        # holds this Reducer weakly (a hook on our own parameter would otherwise keep us alive).
+        param = self._params[index]
+        copied_on_arrival = param.numel() >= SMALL_NUMEL and not self._expect_sparse[index]
+        return _native.GradientHook(
+            self._readiness,
+            index,
+            self,
+            launch=Reducer._launch,
+            ready_twice=Reducer._ready_twice,
+            on_arrival=Reducer._take_early if copied_on_arrival else None,
+        )
 
-        def hook(param: torch.Tensor) -> None:
-            try:
-                run = on_hook(index)
-            except ValueError:
-                raise self._ready_twice(index) from None
-            slot = self._early.get(index)
-            if slot is not None:
-                bucket, pos = slot
-                bucket.take_early(pos, param, self._divisor(), self._as_bucket_view)
-            if run is not None:
-                launch(*run)
-
-        return hook
+    def _take_early(self, index: int, param: torch.Tensor) -> None:
+        slot = self._early.get(index)
+        if slot is not None:
+            bucket, pos = slot
+            bucket.take_early(pos, param, self._divisor(), self._as_bucket_view)
 
     def _divisor(self) -> Optional[int]:
         """What a gradient is divided by on its way into its bucket (None with a comm hook)."""
