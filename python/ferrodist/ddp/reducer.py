@@ -1,9 +1,11 @@
 """``Reducer``: averages gradients across ranks bucket by bucket, while backward still runs.
 
-Each parameter gets a post-accumulate-grad hook. When it fires, the gradient is copied into its
-bucket (divided by the world size unless a comm hook is registered, which then averages
-itself); when a bucket's last gradient is in, and every earlier bucket has been launched, the
-bucket's all-reduce (or comm hook) starts. Later layers' buckets therefore travel while autograd
+Each parameter gets a post-accumulate-grad hook, native (``_native.GradientHook``): it reports
+the gradient to the readiness bookkeeping in Rust and runs no Python unless there is work. A
+large gradient is copied into its bucket slot the moment it arrives (divided by the world size
+unless a comm hook is registered, which then averages itself), the small ones together when
+their bucket is complete; when a bucket's last gradient is in, and every earlier bucket has
+been launched, the bucket's all-reduce (or comm hook) starts. Later layers' buckets therefore travel while autograd
 is still computing earlier layers. At the end of backward (an autograd-engine callback) the
 Reducer waits for every bucket and writes the averaged values back into ``param.grad``.
 
