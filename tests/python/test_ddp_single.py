@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import copy
 import gc
+import pickle
 import weakref
 from typing import Iterator
 
@@ -231,3 +233,32 @@ def test_a_dropped_ddp_and_its_model_are_garbage_collected(world: None) -> None:
         del model, ddp
         gc.collect()
         assert [r() is None for r in refs] == [True] * 4, ddp_class
+
+
+def test_a_deepcopied_or_pickled_ddp_trains_on_its_own_reducer_like_torch(world: None) -> None:
+    x = torch.randn(5, 4)
+    for ddp_class in (TorchDDP, FerroDDP):
+        ddp = ddp_class(_net())
+        ddp(x).sum().backward()
+        for clone in (copy.deepcopy(ddp), pickle.loads(pickle.dumps(ddp))):
+            assert clone.reducer is not ddp.reducer
+            assert clone.process_group is ddp.process_group  # the default group
+            for model in (ddp, clone):
+                model.zero_grad()
+                model(x).sum().backward()
+            for ours, copied in zip(ddp.parameters(), clone.parameters()):
+                assert copied is not ours
+                assert torch.equal(copied.grad, ours.grad)  # type: ignore[arg-type]
+
+
+def test_a_ddp_over_another_group_refuses_to_be_copied_with_torchs_error(world: None) -> None:
+    group = tdist.new_group([0])
+    errors = []
+    for ddp_class in (TorchDDP, FerroDDP):
+        ddp = ddp_class(_net(), process_group=group)
+        with pytest.raises(RuntimeError) as caught:
+            copy.deepcopy(ddp)
+        errors.append(str(caught.value))
+        if ddp_class is FerroDDP:
+            assert ddp._get_ddp_logging_data()["has_error"] == 1
+    assert errors[0] == errors[1]

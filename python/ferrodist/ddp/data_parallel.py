@@ -29,13 +29,14 @@ from ferrodist.ddp.mixed_precision import (
     _reducer_allreduce_and_upcast_hook,
 )
 from ferrodist.ddp.mixed_precision import check_config as check_mixed_precision
+from ferrodist.ddp.pickling import DDPPickleSupport
 from ferrodist.ddp.reducer import Reducer
 from ferrodist.ddp.registration import _register_builtin_comm_hook, _register_comm_hook
 from ferrodist.ddp.sink import pass_through_sink
 from ferrodist.ddp.unused import find_tensors
 
 
-class DistributedDataParallel(DDPJoinSupport, torch.nn.Module, Joinable):
+class DistributedDataParallel(DDPJoinSupport, DDPPickleSupport, torch.nn.Module, Joinable):
     """Data-parallel training of ``module``; a drop-in for ``torch.nn.parallel``'s DDP."""
 
     def __init__(
