@@ -74,9 +74,8 @@ class Bucket:
     #: Element positions of the ``small`` slots in the buffer, in order, for one
     #: ``index_copy_`` (on the CPU only; ``None`` elsewhere).
     small_index: Optional[torch.Tensor] = None
-    #: Whether every slot is one-dimensional (``torch.cat`` takes the gradients as they are).
+    #: Whether every ``small`` slot is one-dimensional (``torch.cat`` takes them as they are).
     flat_small: bool = False
-    flat_all: bool = False
     #: ``(divisor, 1 / divisor as a 0-dim tensor)`` of the last ``_reciprocal``.
     reciprocal_kept: Optional[tuple[int, torch.Tensor]] = None
     #: Positions already copied into their slot this iteration, as their gradient arrived
@@ -120,7 +119,6 @@ class Bucket:
         bucket.large = frozenset(i for i, n in enumerate(lengths) if n >= SMALL_NUMEL)
         bucket.small = tuple(i for i in range(len(lengths)) if i not in bucket.large)
         bucket.flat_small = all(len(sizes[i]) == 1 for i in bucket.small)
-        bucket.flat_all = bucket.flat_small and all(len(sizes[i]) == 1 for i in bucket.large)
         if buffer.device.type == "cpu" and len(bucket.small) > 1:
             bucket.small_index = torch.cat(
                 [torch.arange(offsets[i], offsets[i] + lengths[i]) for i in bucket.small]
@@ -324,8 +322,10 @@ class Bucket:
 
     def _copy_whole(self, grads: list[torch.Tensor]) -> None:
         """Copy every gradient into its slot (the bucket holds small ones only)."""
-        if self.small_index is not None and self.flat_all:  # reshaping each costs more than
-            try:  # ``_foreach_copy_`` saves
+        # one-dimensional gradients concatenate as they are; reshaping each first would cost
+        # more than ``torch.cat`` saves over ``_foreach_copy_``
+        if self.small_index is not None and self.flat_small:
+            try:
                 torch.cat(grads, out=self.buffer)
                 return
             except RuntimeError:  # a gradient overlapping the buffer: copied one by one
@@ -349,8 +349,8 @@ class Bucket:
         torch._foreach_copy_(slots, taken)
         if scale is None:
             return
-        if self.buffer.dtype in (torch.float32, torch.float64):
-            torch._foreach_mul_(slots, scale)
+        if self.buffer.device.type != "cpu" or self.buffer.dtype in (torch.float32, torch.float64):
+            torch._foreach_mul_(slots, scale)  # one fused kernel off the CPU, as it always was
         else:  # on the CPU ``_foreach_mul_`` rounds ``scale`` to a half type first: not torch's
             for slot in slots:
                 slot.mul_(scale)
