@@ -22,10 +22,8 @@ SHAPES = [(), (3,), (17,), (4, 5), (2, 3, 4), (SMALL_NUMEL // 64, 64), (7, 7)]
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
 
 
-def _expected(grad: Optional[torch.Tensor], divide_by: Optional[int]) -> torch.Tensor:
-    """torch's Reducer: ``mul_out(slot, grad, 1 / divide_by)``, or a copy, or zeros."""
-    if grad is None:
-        return torch.zeros(0)
+def _expected(grad: torch.Tensor, divide_by: Optional[int]) -> torch.Tensor:
+    """torch's Reducer: ``mul_out(slot, grad, 1 / divide_by)``, or a copy under a comm hook."""
     if divide_by is None:
         return grad.clone()
     return torch.mul(grad, 1.0 / float(divide_by))

@@ -311,10 +311,10 @@ class Bucket:
         small: list[int] = []
         for pos in positions:
             if pos in self.large:
-                if scale is None:
+                if divide_by is None:
                     views[pos].copy_(grads[pos])
-                else:
-                    torch.mul(grads[pos], scale, out=views[pos])
+                else:  # the same multiplier as a large gradient taken as it arrives
+                    torch.mul(grads[pos], self._reciprocal(divide_by), out=views[pos])
             else:
                 small.append(pos)
         if small:
