@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import enum
 import inspect
-from typing import Any, Callable
+from typing import Any, Callable, NoReturn
 
 import torch
 import torch.distributed as tdist
@@ -18,6 +18,8 @@ import torch.distributed as tdist
 from ferrodist.ddp.grad_bucket import GradBucket
 
 CommHook = Callable[[Any, GradBucket], "torch.futures.Future[torch.Tensor]"]
+Fail = Callable[[type[Exception], str], NoReturn]
+"""Raises an error of the given class with the given message (and may record it first)."""
 
 
 class BuiltinCommHookType(enum.Enum):
@@ -71,28 +73,41 @@ def resolve_builtin(comm_hook_type: Any) -> BuiltinCommHookType | None:
         return None
 
 
-def check_comm_hook(hook: Any) -> None:
-    """Validate a user hook the way torch's ``DistributedDataParallel._check_comm_hook`` does."""
+def _raise(err_type: type[Exception], message: str) -> NoReturn:
+    raise err_type(message)
+
+
+def check_comm_hook(hook: Any, fail: Fail = _raise) -> None:
+    """Validate a user hook the way torch's ``DistributedDataParallel._check_comm_hook`` does.
+
+    Args:
+        hook: the hook to check.
+        fail: called with the error class and message of the first check that fails; it must
+            raise. DDP passes its ``_log_and_throw``, which first records the error in the
+            logging data, as torch's DDP does; the default only raises.
+    """
     if not callable(hook):
-        raise TypeError("Communication hook must be callable.")
+        fail(TypeError, "Communication hook must be callable.")
     sig = inspect.signature(hook)
     annotation = sig.parameters["bucket"].annotation
     if annotation not in (inspect.Parameter.empty, GradBucket, tdist.GradBucket):
-        raise ValueError("Communication hook: bucket annotation should be dist.GradBucket.")
+        fail(ValueError, "Communication hook: bucket annotation should be dist.GradBucket.")
     if sig.return_annotation not in (
         inspect.Signature.empty,
         torch.futures.Future[torch.Tensor],
     ):
-        raise ValueError(
-            "Communication hook: return annotation should be torch.futures.Future[torch.Tensor]."
+        fail(
+            ValueError,
+            "Communication hook: return annotation should be torch.futures.Future[torch.Tensor].",
         )
     if getattr(hook, "__name__", "") in ("bf16_compress_hook", "bf16_compress_wrapper_hook"):
         cuda = torch.version.cuda is not None or torch.version.hip is not None
         nccl = tdist.is_nccl_available() and torch.cuda.nccl.version() >= (2, 10)
         if not (cuda and nccl):
-            raise TypeError(
+            fail(
+                TypeError,
                 "BF16 all reduce communication hook required CUDA 11+ and NCCL 2.10+ "
-                "or XPU and XCCL"
+                "or XPU and XCCL",
             )
 
 

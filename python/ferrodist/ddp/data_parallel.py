@@ -12,7 +12,7 @@ from __future__ import annotations
 import warnings
 import weakref
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, NoReturn, Optional
 
 import torch
 import torch.distributed as tdist
@@ -366,9 +366,27 @@ class DistributedDataParallel(DDPJoinSupport, DDPPickleSupport, torch.nn.Module,
         finally:
             self.require_backward_grad_sync = old
 
+    def _log_and_throw(self, err_type: type[Exception], err_msg: str) -> NoReturn:
+        """Record ``"<class '...'>: message"`` as the logging data's error, as torch's DDP does
+        for the errors it raises itself, then raise ``err_type(err_msg)``."""
+        logger = getattr(self, "logger", None)
+        if logger is not None:
+            logger.set_error_and_log(f"{err_type}: {err_msg}")
+        raise err_type(err_msg)
+
+    def _check_comm_hook(self, hook: Any) -> None:
+        ch.check_comm_hook(hook, self._log_and_throw)
+
     def register_comm_hook(self, state: object, hook: Callable[..., Any]) -> None:
-        """Reduce every bucket with ``hook(state, bucket) -> Future[Tensor]`` (once, up front)."""
-        ch.check_comm_hook(hook)
+        """Reduce every bucket with ``hook(state, bucket) -> Future[Tensor]`` (once, up front).
+
+        A hook torch's checks refuse (not callable, a wrong ``bucket`` or return annotation)
+        raises their ``TypeError`` or ``ValueError`` and is recorded in the logging data's
+        ``has_error`` and ``error``, as torch records it. A hook that returns something other
+        than a Future fails only when backward runs it, with torch's ``RuntimeError``, which
+        torch does not record there, and neither does ferrodist.
+        """
+        self._check_comm_hook(hook)
         self.logger._set_comm_hook_name(hook.__qualname__)
         self._comm_hooks.append((hook, state))
         _register_comm_hook(self.reducer, state, hook)
@@ -415,6 +433,10 @@ class DistributedDataParallel(DDPJoinSupport, DDPPickleSupport, torch.nn.Module,
         return self.logger._get_ddp_logging_data()
 
     def _set_ddp_runtime_logging_sample_rate(self, sample_rate: int) -> None:
+        if sample_rate < 1:
+            self._log_and_throw(
+                ValueError, "DDP runtime logging sample rate should be equal or greater than 1"
+            )
         self.logger._set_sample_rate(sample_rate)
 
 

@@ -56,6 +56,4 @@ class DDPPickleSupport:
         except RuntimeError:  # no default group any more
             default = False
         if not default:
-            if getattr(ddp, "logger", None) is not None:
-                ddp.logger.set_error_and_log(_NOT_DEFAULT_GROUP)
-            raise RuntimeError(_NOT_DEFAULT_GROUP)
+            ddp._log_and_throw(RuntimeError, _NOT_DEFAULT_GROUP)
