@@ -30,6 +30,10 @@
 //!   arrive, arrival order, the local used map.
 //! * [`fsdp`]: FSDP planning from metadata: the flat-parameter layout (padding, equal shards,
 //!   each rank's parameter slices).
+//!
+//! Not part of this crate: `rust/protoc/`, a build helper that is a crate (and workspace) of
+//! its own. It prints where the `protoc` vendored from crates.io is, for etcd-client's build
+//! script, so that a source build needs no system protoc.
 
 pub mod error;
 pub mod runtime;

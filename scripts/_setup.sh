@@ -7,27 +7,25 @@
 #     profiles keep the builds from invalidating each other, so with nothing changed both are
 #     no-ops (about 1.5 s in all);
 #  3. PYTHONPATH and PATH pointing at this checkout, so several checkouts can share one venv.
-#  4. before all that, system packages from Debian where missing: `protoc` (protobuf-compiler)
-#     and its well-known .proto files (libprotobuf-dev), which the etcd-client crate's build
-#     script runs, and `etcd` (etcd-server), which the
-#     EtcdStore tests start as 3-member clusters on free loopback ports.
+#  4. before all that, `etcd` from Debian where missing (etcd-server), a test-only dependency:
+#     the EtcdStore tests start it as 3-member clusters on free loopback ports.
+# The etcd-client crate's build script runs `protoc`: unless PROTOC is set, the one vendored
+# from crates.io that the helper crate rust/protoc prints (as scripts/wheel_backend.py does for
+# `pip install .`), so no system protoc is needed.
+# A build that has work to do says so and shows cargo's lines as it goes (a first build compiles
+# every dependency twice, once per profile: minutes); a no-op build prints nothing. A failed
+# build stops the script.
 # Nothing is installed into the venv: `pip install .` does that (README, Install).
 set -euo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 
-missing_debs=()
-command -v protoc >/dev/null 2>&1 || missing_debs+=(protobuf-compiler)
-# protoc's well-known types (google/protobuf/descriptor.proto, ...) come with libprotobuf-dev,
-# only a recommendation of protobuf-compiler, so --no-install-recommends leaves them out.
-[ -f /usr/include/google/protobuf/descriptor.proto ] || missing_debs+=(libprotobuf-dev)
-command -v etcd >/dev/null 2>&1 || missing_debs+=(etcd-server)
-if [ ${#missing_debs[@]} -gt 0 ]; then
-  echo "== installing ${missing_debs[*]} (apt-get)"
+if ! command -v etcd >/dev/null 2>&1; then
+  echo "== installing etcd-server (apt-get; the EtcdStore tests start etcd)"
   as_root=()
   [ "$(id -u)" -eq 0 ] || as_root=(sudo)
   "${as_root[@]}" apt-get update -q
   "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q \
-    --no-install-recommends "${missing_debs[@]}"
+    --no-install-recommends etcd-server
 fi
 VENV=${FERRODIST_VENV:-$REPO/.venv}
 PY=$VENV/bin/python
@@ -46,8 +44,42 @@ fi
 
 export VIRTUAL_ENV=$VENV
 export PATH=$VENV/bin:$REPO/target/release:$PATH
-echo "== building ferrodist (maturin: the extension; cargo: ferrodist-store)"
-(cd "$REPO" && maturin develop --skip-install -q 2>&1 | grep -v "^📦\|^🔗\|^🐍\|^✏️\|^🛠\|^🍹\|^📡\|build-backend" || true)
-test -f "$REPO"/python/ferrodist/_native*.so || { echo "maturin build failed" >&2; exit 1; }
-(cd "$REPO" && cargo build --release -q --bin ferrodist-store)
+
+if [ -z "${PROTOC:-}" ]; then
+  protoc_helper=$REPO/rust/protoc/Cargo.toml
+  [ -x "${CARGO_TARGET_DIR:-$REPO/rust/protoc/target}/debug/ferrodist-protoc" ] ||
+    echo "== building rust/protoc (prints where the protoc vendored from crates.io is)"
+  protoc_vars=$(cargo run -q --locked --manifest-path "$protoc_helper") ||
+    { echo "== cargo run --manifest-path $protoc_helper failed; set PROTOC to a protoc" >&2; exit 1; }
+  while IFS='=' read -r name value; do
+    case $name in
+      PROTOC) export PROTOC=$value ;;
+      PROTOC_INCLUDE) export PROTOC_INCLUDE=${PROTOC_INCLUDE:-$value} ;;
+    esac
+  done <<<"$protoc_vars"
+fi
+
+# Passes a build's output through, minus maturin's emoji chatter; prints $1 before the first
+# line that says work is being done, and nothing at all for a no-op (whose only line is cargo's
+# "Finished"). Always exits 0, so `pipefail` reports the build's own status.
+_build_output() {
+  awk -v header="$1" '
+    /^(📦|🔗|🐍|✏️|🛠|🍹|📡)/ || /build-backend/ { next }
+    !shown && /Finished.*target\(s\) in/ { next }
+    !shown { print header; shown = 1 }
+    { print; fflush() }'
+}
+# Colour through the pipe when a person watches (cargo only colours a terminal).
+color=${CARGO_TERM_COLOR:-auto}
+if [ -t 2 ]; then color=${CARGO_TERM_COLOR:-always}; fi
+first="(first build: about 3 minutes on 2 cores, cargo's lines follow)"
+what="== building the extension (maturin develop, cargo profile \`extension\`)"
+ls "$REPO"/python/ferrodist/_native*.so >/dev/null 2>&1 || what="$what $first"
+(cd "$REPO" && CARGO_TERM_COLOR=$color maturin develop --skip-install 2>&1 | _build_output "$what") ||
+  { echo "== building the extension failed (maturin develop, output above)" >&2; exit 1; }
+test -f "$REPO"/python/ferrodist/_native*.so || { echo "maturin built no extension" >&2; exit 1; }
+what="== building ferrodist-store (cargo, profile \`release\`)"
+[ -x "$REPO"/target/release/ferrodist-store ] || what="$what $first"
+(cd "$REPO" && CARGO_TERM_COLOR=$color cargo build --release --bin ferrodist-store 2>&1 | _build_output "$what") ||
+  { echo "== building ferrodist-store failed (cargo, output above)" >&2; exit 1; }
 export PYTHONPATH=$REPO/python${PYTHONPATH:+:$PYTHONPATH}

@@ -8,6 +8,12 @@ maturin build its wheel, then builds the binary with cargo (profile ``release``,
 ``ferrodist-<version>.data/scripts/ferrodist-store``, with its RECORD line: installers copy
 such files into the environment's ``bin/`` as they are. Editable installs get it too.
 
+Both builds compile the etcd-client crate, whose build script runs the ``protoc`` that
+``$PROTOC`` names (prost-build). So that a source install needs no system protoc, the build
+hooks first set ``PROTOC`` and ``PROTOC_INCLUDE`` to a protoc vendored from crates.io, as printed
+by the build helper ``rust/protoc`` (a crate of its own: it compiles in seconds and needs no
+protoc), unless ``PROTOC`` is set already.
+
 Every other hook (sdist, metadata, requirements) is maturin's own. A plain ``maturin build``
 bypasses this file and gives a wheel without the server; build wheels with ``pip wheel .``
 (or ``python -m build``), which go through it.
@@ -37,6 +43,35 @@ from maturin import (  # noqa: F401 (PEP 517 hooks taken from maturin as they ar
 )
 
 BINARY = "ferrodist-store"
+PROTOC_HELPER = Path(__file__).resolve().parents[1] / "rust" / "protoc" / "Cargo.toml"
+
+
+def protoc_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """The variables to add to ``environ`` so the build runs the vendored protoc.
+
+    Empty when ``environ`` sets ``PROTOC`` (the builder's own protoc wins, as in prost-build);
+    otherwise ``PROTOC`` and, unless set, ``PROTOC_INCLUDE``, as printed by the helper.
+    """
+    if environ.get("PROTOC"):
+        return {}
+    cargo = environ.get("CARGO", "cargo")
+    command = [cargo, "run", "-q", "--locked", "--manifest-path", str(PROTOC_HELPER)]
+    try:
+        # stderr is the builder's: cargo's reason, if it fails, shows there.
+        printed = subprocess.run(command, check=True, stdout=subprocess.PIPE, text=True).stdout
+    except (OSError, subprocess.CalledProcessError) as err:
+        raise RuntimeError(
+            f"`{' '.join(command)}` (finds the protoc vendored from crates.io) failed: {err}; "
+            "set PROTOC to a protoc binary to build with that one instead"
+        ) from err
+    found = dict(line.split("=", 1) for line in printed.splitlines() if "=" in line)
+    if "PROTOC" not in found:
+        raise RuntimeError(f"`{' '.join(command)}` printed no PROTOC=...: {printed!r}")
+    return {
+        name: value
+        for name, value in found.items()
+        if name in ("PROTOC", "PROTOC_INCLUDE") and not environ.get(name)
+    }
 
 
 def _build_binary() -> Path:
@@ -82,6 +117,7 @@ def add_script(wheel: Path, executable: Path) -> None:
 
 
 def _with_binary(wheel_directory: str, build: Callable[[], str]) -> str:
+    os.environ.update(protoc_env(os.environ))  # inherited by maturin, cargo, build scripts
     filename = build()
     add_script(Path(wheel_directory) / filename, _build_binary())
     return filename

@@ -1,13 +1,17 @@
 """The wheel's build backend (scripts/wheel_backend.py): the ``ferrodist-store`` binary goes
 into the wheel as a script with a correct RECORD line, so ``pip install`` puts the Rust binary
-itself on PATH (no Python launcher, no torch import before serving).
+itself on PATH (no Python launcher, no torch import before serving); and the build runs a
+protoc vendored from crates.io, so a source install needs no system protoc.
 """
 
 from __future__ import annotations
 
 import base64
 import hashlib
+import json
+import shutil
 import stat
+import subprocess
 import sys
 import zipfile
 from pathlib import Path
@@ -65,3 +69,58 @@ def test_pyproject_builds_through_the_backend_and_has_no_python_launcher() -> No
     assert config["build-system"]["backend-path"] == ["scripts"]
     # A console script of the same name would shadow the binary with a Python process.
     assert "ferrodist-store" not in config["project"].get("scripts", {})
+
+
+def _crate_dir(name: str) -> Path:
+    meta = subprocess.run(
+        ["cargo", "metadata", "--format-version", "1", "--locked"],
+        cwd=REPO,
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    (package,) = [p for p in json.loads(meta.stdout)["packages"] if p["name"] == name]
+    return Path(package["manifest_path"]).parent
+
+
+def test_the_build_gets_a_vendored_protoc_that_compiles_etcds_protos(tmp_path: Path) -> None:
+    env = wheel_backend.protoc_env({})
+    protoc, include = Path(env["PROTOC"]), Path(env["PROTOC_INCLUDE"])
+    # Not a system protoc: one shipped inside a crate, found without PATH.
+    system = shutil.which("protoc")
+    assert system is None or Path(system).resolve() != protoc.resolve()
+    assert protoc.parent.parent.name.startswith("protoc-bin-vendored-"), protoc
+    nothing = {"PATH": ""}  # the compiler and its includes must come from env alone
+    version = subprocess.run(
+        [protoc, "--version"], env=nothing, check=True, capture_output=True, text=True
+    )
+    assert version.stdout.startswith("libprotoc "), version.stdout
+    # What etcd-client's build script asks of it: etcd's protos, which import protobuf's
+    # well-known types (descriptor.proto, struct.proto), with only the vendored includes.
+    proto = _crate_dir("etcd-client") / "proto"
+    out = tmp_path / "etcd.pb"
+    protos = sorted(p.relative_to(proto) for p in proto.rglob("*.proto"))
+    subprocess.run(
+        [protoc, "-I", proto, "-I", include, "--include_imports", "-o", out, *protos],
+        env=nothing,
+        cwd=tmp_path,
+        check=True,
+    )
+    compiled = out.read_bytes()
+    assert b"etcdserverpb" in compiled
+    assert b"google/protobuf/descriptor.proto" in compiled
+
+
+def test_a_protoc_the_builder_set_is_kept() -> None:
+    # CARGO=false: the helper must not even run.
+    assert wheel_backend.protoc_env({"PROTOC": "/opt/protoc", "CARGO": "false"}) == {}
+    env = wheel_backend.protoc_env({"PROTOC_INCLUDE": "/opt/include"})
+    assert "PROTOC_INCLUDE" not in env
+    assert Path(env["PROTOC"]).is_file()
+
+
+def test_a_helper_that_fails_says_how_to_build_anyway() -> None:
+    with pytest.raises(RuntimeError, match="set PROTOC to a protoc binary"):
+        wheel_backend.protoc_env({"CARGO": "false"})
+    with pytest.raises(RuntimeError, match="set PROTOC to a protoc binary"):
+        wheel_backend.protoc_env({"CARGO": "/nonexistent/cargo"})
