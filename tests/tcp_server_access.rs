@@ -114,7 +114,10 @@ fn stock_handshake(server: &Server) -> std::net::TcpStream {
 #[test]
 fn a_stock_client_is_refused_unless_the_operator_admits_them() {
     let strict = server_with_token(false);
-    assert!(is_closed(&stock_handshake(&strict)), "refused: closed");
+    let mut stream = stock_handshake(&strict);
+    assert_eq!(read_n(&stream, 4), 4242u32.to_le_bytes(), "PING echoed");
+    stream.write_all(&frames(&[Request::GetNumKeys])).unwrap();
+    assert!(is_closed(&stream), "refused at its first request: closed");
     eventually("the torch client is counted", || {
         strict.metrics().refused_count(Refusal::TorchClient) == 1
     });

@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
 use super::Client;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::store::Deadline;
 use crate::tcp::auth::AuthToken;
 
@@ -81,7 +81,19 @@ impl ConnPool {
             // the old process is left for a new one (a peek per call, for those servers only),
             // so the call goes to the new process instead of failing on the old socket.
             let durable = self.durable.load(Ordering::Relaxed);
-            while let Some(client) = idle.clients.pop() {
+            while let Some(mut client) = idle.clients.pop() {
+                // The answer to a connection's marker, when it was late for the handshake, may be
+                // waiting: it says whether the server is durable before this call needs to know.
+                let introduced = client.take_arrived_introduction();
+                let durable = durable || client.is_durable_server();
+                if durable {
+                    self.durable.store(true, Ordering::Relaxed);
+                }
+                match introduced {
+                    Err(err @ Error::Unauthenticated(_)) => return Err(err),
+                    Err(_) => continue, // the connection broke: a new one below
+                    Ok(()) => {}
+                }
                 let stale = client.is_broken() || (durable && client.server_left());
                 if !stale {
                     return Ok(client);
@@ -98,6 +110,16 @@ impl ConnPool {
             self.durable.store(false, Ordering::Relaxed);
         }
         Ok(client)
+    }
+
+    /// torch's description of the connection the next call would take (the most recently
+    /// returned one), or `None` when none is idle.
+    pub fn describe_idle(&self) -> Option<String> {
+        let idle = self.idle();
+        if idle.pid != std::process::id() {
+            return None;
+        }
+        idle.clients.last().map(Client::describe)
     }
 
     /// The token new connections prove.

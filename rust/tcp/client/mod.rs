@@ -7,13 +7,17 @@
 //! * **Connect** resolves the host forward only (no reverse lookup), tries every address, and
 //!   retries refused/reset/unreachable connects and failed handshakes with torch's backoff
 //!   (500 ms, x1.5, +-50 % jitter, at most 60 s) until the deadline.
-//! * **Handshake**: torch's VALIDATE and PING, in one write and one round trip, and nothing
-//!   more, so any server that answers torch's client answers this one. The PING carries
-//!   [`FERRODIST_PING`] rather than the pid: ferrodist's server answers [`FERRODIST_PONG`], any
-//!   other server echoes the nonce, and either answer is accepted. A ferrodist server that
-//!   requires a token answers with a challenge instead, which the client answers with a proof
-//!   that it holds the token ([`crate::tcp::auth`]); without a token, or with a wrong one, the
-//!   connect fails at once with [`Error::Unauthenticated`] (never retried into a timeout).
+//! * **Handshake**: torch's VALIDATE and PING (with the process id as nonce, as torch's
+//!   client), then [`FERRODIST_PING`], a second PING by which the client says that it is
+//!   ferrodist's, all in one write and one round trip. ferrodist's server answers the marker
+//!   with [`FERRODIST_PONG`] (and from then on treats the connection as a ferrodist client);
+//!   any other server echoes it. Every server sends that answer right behind the echo of the
+//!   pid, so it costs no wait; a peer that answers torch's handshake and nothing more (a test
+//!   that reads it off the wire and closes, say) does not fail the connect: the answer is then
+//!   looked for when the connection is next used. A ferrodist server that requires a token
+//!   answers the marker with a challenge, which the client answers with a proof that it holds
+//!   the token ([`crate::tcp::auth`]); without a token, or with a wrong one, the connect fails
+//!   at once with [`Error::Unauthenticated`] (never retried into a timeout).
 //! * **Waits** follow torch's CANCEL_WAIT exchange, with two refinements. Against ferrodist's
 //!   server, a GET or MULTI_GET is sent in the same write as its WAIT (the server holds it until
 //!   the wait is released), so `get` costs one round trip instead of two. And a wait that times
@@ -65,6 +69,9 @@ const FINAL_ATTEMPT_RESERVE: Duration = Duration::from_millis(20);
 /// Shortest pause between attempts, so the last moments before a deadline do not spin.
 const MIN_RETRY_PAUSE: Duration = Duration::from_millis(5);
 
+/// How long a connect waits for the answer to the marker PING after the echo of the pid.
+const INTRODUCTION_GRACE: Duration = Duration::from_millis(100);
+
 /// Fire-and-forget requests check for a closed connection at most this often.
 const PEER_CHECK_EVERY: Duration = Duration::from_millis(1);
 
@@ -80,6 +87,15 @@ struct PendingWait {
     follow: Option<Request>,
 }
 
+/// Where the client stands in telling the server that it is ferrodist's ([`FERRODIST_PING`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Introduction {
+    /// Sent: its answer is the next reply on the wire, read before the next call's own.
+    Unanswered,
+    /// Answered, or not to be sent (a server without PING).
+    Done,
+}
+
 /// One connection to a store server.
 pub struct Client {
     socket: ClientSocket,
@@ -93,6 +109,7 @@ pub struct Client {
     ferrodist_server: bool,
     /// The server said its state outlives it (see [`FERRODIST_PONG_DURABLE`]).
     durable_server: bool,
+    introduction: Introduction,
     pending: Option<PendingWait>,
     busy: bool,
 }
@@ -112,6 +129,21 @@ fn jitter() -> f64 {
     let mixed =
         (u64::from(nanos) ^ u64::from(std::process::id())).wrapping_mul(0x9E37_79B9_7F4A_7C15);
     0.5 + (mixed >> 11) as f64 / (1u64 << 53) as f64
+}
+
+/// Of two failed connect attempts' errors, the one that says more: an attempt cut short by the
+/// deadline (it ran with little or no time left) does not hide why the attempts before it
+/// failed (a refused connection, say).
+fn more_telling(earlier: Option<Error>, latest: Error) -> Error {
+    match earlier {
+        Some(earlier)
+            if matches!(latest, Error::NetworkTimeout(_))
+                && !matches!(earlier, Error::NetworkTimeout(_)) =>
+        {
+            earlier
+        }
+        _ => latest,
+    }
 }
 
 /// The earlier of two optional instants (`None` is "never").
@@ -182,14 +214,16 @@ impl Client {
         let started = Instant::now();
         let mut interval = BACKOFF_START;
         let mut attempts = 0u32;
+        let mut last: Option<Error> = None;
         loop {
             attempts += 1;
-            let last = match Client::connect_once_with_token(host, port, deadline, token) {
+            match Client::connect_once_with_token(host, port, deadline, token) {
                 Ok(client) => return Ok(client),
                 // The server answered, and said no: trying again cannot change its mind.
                 Err(err @ Error::Unauthenticated(_)) => return Err(err),
-                Err(err) => err,
-            };
+                Err(err) => last = Some(more_telling(last, err)),
+            }
+            let last = last.as_ref().expect("an attempt failed");
             let delay = interval.mul_f64(jitter());
             interval = interval.mul_f64(1.5).min(BACKOFF_MAX);
             match deadline.remaining() {
@@ -197,7 +231,7 @@ impl Client {
                     tracing::debug!(%last, attempts, "giving up connecting");
                     return Err(Error::NetworkTimeout(format!(
                         "The client socket has timed out after {}ms while trying to connect \
-                         to ({host}, {port}): {attempts} attempts over {}ms. Last error: {last}",
+                         to ({host}, {port}): {attempts} attempts over {}ms. Cause: {last}",
                         deadline.timeout().as_millis(),
                         started.elapsed().as_millis()
                     )));
@@ -240,7 +274,8 @@ impl Client {
                 .and_then(|s| ClientSocket::new(s, deadline.timeout()))
                 .map_err(io)
                 .and_then(|socket| {
-                    Client::handshake(socket, format!("{host}:{port}"), deadline, token)
+                    let peer = format!("{host}:{port}");
+                    Client::handshake(socket, peer, deadline, token)
                 })
                 // A torch 2.4 server closes the connection on PING: once more without it.
                 .or_else(|e| no_ping::without_ping(e, addr, format!("{host}:{port}"), deadline));
@@ -263,6 +298,7 @@ impl Client {
             output: BytesMut::with_capacity(4096),
             ferrodist_server: false,
             durable_server: false,
+            introduction: Introduction::Done,
             pending: None,
             busy: false,
         }
@@ -275,25 +311,87 @@ impl Client {
         token: Option<&AuthToken>,
     ) -> Result<Client> {
         let mut client = Client::unshaken(socket, peer, deadline);
+        let pid = std::process::id();
         Request::Validate {
             magic: VALIDATE_MAGIC,
         }
         .encode(&mut client.output);
+        Request::Ping { nonce: pid }.encode(&mut client.output);
         Request::Ping {
             nonce: FERRODIST_PING,
         }
         .encode(&mut client.output);
         client.flush()?;
-        client.ferrodist_server = match client.read_reply(ReplyKind::Nonce)? {
-            Reply::Nonce(FERRODIST_PONG) => true,
-            Reply::Nonce(FERRODIST_PONG_DURABLE) => {
-                client.durable_server = true;
-                true
+        match client.read_reply(ReplyKind::Nonce)? {
+            Reply::Nonce(echo) if echo == pid => {}
+            other => {
+                return Err(Error::Network(format!(
+                    "Ping failed, invalid value returned from server. Expected: {pid}, Got: \
+                     {other:?}"
+                )))
             }
-            Reply::Nonce(FERRODIST_PING) => false,
+        }
+        client.introduction = Introduction::Unanswered;
+        if token.is_some() {
+            // Nothing may go out before the server has seen the proof.
+            client.read_introduction(token)?;
+        } else {
+            client.await_introduction()?;
+        }
+        Ok(client)
+    }
+
+    /// Reads the marker's answer when it comes within [`INTRODUCTION_GRACE`]. Every server
+    /// sends it right behind the echo of the pid; a peer that answered torch's handshake and
+    /// nothing more (one that closed, say) leaves it unanswered, to be read (or its absence
+    /// found) at the next call, rather than failing or delaying the connect.
+    fn await_introduction(&mut self) -> Result<()> {
+        let until = Instant::now() + INTRODUCTION_GRACE;
+        let until = earliest(Some(until), self.deadline.at());
+        while self.input.len() < 4 {
+            match self.socket.fill(&mut self.input, until) {
+                Ok(Filled::Data) => {}
+                Ok(Filled::Eof | Filled::TimedOut) | Err(_) => return Ok(()),
+            }
+        }
+        self.read_introduction(None)
+    }
+
+    /// Reads the marker's answer if it has arrived, without waiting for it: what the server is
+    /// may then be known before a call (a durable server's restart, say) needs it.
+    pub fn take_arrived_introduction(&mut self) -> Result<()> {
+        if self.introduction != Introduction::Unanswered {
+            return Ok(());
+        }
+        let mut broken = None;
+        if self.input.len() < 4 {
+            match self.socket.fill_now(&mut self.input) {
+                Ok(Filled::Data | Filled::TimedOut) => {}
+                Ok(Filled::Eof) => broken = Some(closed(&self.peer, CLOSED_BY_SERVER)),
+                Err(e) => broken = Some(closed(&self.peer, format!("connection broken: {e}"))),
+            }
+        }
+        // An answer that came before the server left still says what the server was.
+        if self.input.len() >= 4 {
+            self.read_introduction(None)?;
+        }
+        broken.map_or(Ok(()), Err)
+    }
+
+    /// Reads the server's answer to the marker PING (the next reply on the wire) and learns
+    /// from it what the server is; `token` answers a challenge.
+    fn read_introduction(&mut self, token: Option<&AuthToken>) -> Result<()> {
+        self.introduction = Introduction::Done;
+        match self.read_reply(ReplyKind::Nonce)? {
+            Reply::Nonce(FERRODIST_PONG) => self.ferrodist_server = true,
+            Reply::Nonce(FERRODIST_PONG_DURABLE) => {
+                self.ferrodist_server = true;
+                self.durable_server = true;
+            }
+            Reply::Nonce(FERRODIST_PING) => {}
             Reply::Nonce(FERRODIST_PONG_AUTH) => {
-                client.durable_server = client.authenticate(token)?;
-                true
+                self.ferrodist_server = true;
+                self.durable_server = self.authenticate(token)?;
             }
             other => {
                 return Err(Error::Network(format!(
@@ -301,8 +399,8 @@ impl Client {
                      {FERRODIST_PING}, Got: {other:?}"
                 )))
             }
-        };
-        Ok(client)
+        }
+        Ok(())
     }
 
     /// Answers the server's challenge with the proof that this client holds `token`; true when
@@ -348,6 +446,11 @@ impl Client {
         Ok(self.input.split_to(n))
     }
 
+    /// torch's description of this connection's socket (see [`ClientSocket::describe`]).
+    pub fn describe(&self) -> String {
+        self.socket.describe()
+    }
+
     /// `host:port` this client talks to.
     pub fn peer(&self) -> &str {
         &self.peer
@@ -389,7 +492,12 @@ impl Client {
         // recent may not have arrived yet anyway, and a burst of SETs pays one check, not one
         // syscall each.
         let now = Instant::now();
-        if self.input.is_empty() && now.duration_since(self.peer_checked) >= PEER_CHECK_EVERY {
+        let due = now.duration_since(self.peer_checked) >= PEER_CHECK_EVERY;
+        if due {
+            // The marker's answer, unread after fire-and-forget requests, would hide an EOF.
+            self.take_arrived_introduction()?;
+        }
+        if self.input.is_empty() && due {
             self.peer_checked = now;
             match self.socket.peer_closed() {
                 Ok(false) => {}
@@ -420,6 +528,10 @@ impl Client {
         kind: ReplyKind,
         until: Option<Instant>,
     ) -> Result<Option<Reply>> {
+        if self.introduction == Introduction::Unanswered {
+            // No token: a server that asks for one is refused here, at the first reply.
+            self.read_introduction(None)?;
+        }
         let limit = earliest(until, self.deadline.at());
         loop {
             if let Some(reply) = decode_reply(kind, &mut self.input, &Limits::UNLIMITED)? {

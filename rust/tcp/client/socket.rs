@@ -70,6 +70,24 @@ pub enum Filled {
     TimedOut,
 }
 
+/// An address as torch's socket description writes it, `HOST:PORT` with an IPv6 host in
+/// brackets, except that no name is looked up: torch asks the resolver for a name
+/// (`getnameinfo`), which can stall on a lost DNS reply, while this writes a loopback address as
+/// `localhost` (the name every hosts file gives it) and any other address as digits.
+pub fn torch_style_addr(addr: std::net::SocketAddr) -> String {
+    let ip = match addr.ip() {
+        std::net::IpAddr::V6(v6) => v6
+            .to_ipv4_mapped()
+            .map_or(std::net::IpAddr::V6(v6), std::net::IpAddr::V4),
+        v4 => v4,
+    };
+    match ip {
+        ip if ip.is_loopback() => format!("localhost:{}", addr.port()),
+        std::net::IpAddr::V4(v4) => format!("{v4}:{}", addr.port()),
+        std::net::IpAddr::V6(v6) => format!("[{v6}]:{}", addr.port()),
+    }
+}
+
 /// A connected stream read and written by the calling thread.
 pub struct ClientSocket {
     stream: TcpStream,
@@ -99,6 +117,35 @@ impl ClientSocket {
             Ok(0) => Ok(true),
             Ok(_) => Ok(false),
             Err(e) if e.kind() == ErrorKind::WouldBlock => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// torch's description of a client socket: `SocketImpl(fd=N, addr=HOST:PORT,
+    /// remote=HOST:PORT)` (see [`torch_style_addr`] for the addresses).
+    pub fn describe(&self) -> String {
+        use std::os::fd::AsRawFd;
+        let addr = |a: std::io::Result<std::net::SocketAddr>| {
+            a.map_or_else(|_| "?".to_owned(), torch_style_addr)
+        };
+        format!(
+            "SocketImpl(fd={}, addr={}, remote={})",
+            self.stream.as_raw_fd(),
+            addr(self.stream.local_addr()),
+            addr(self.stream.peer_addr())
+        )
+    }
+
+    /// Appends the bytes that have already arrived to `input`, without blocking
+    /// ([`Filled::TimedOut`] when there are none).
+    pub fn fill_now(&mut self, input: &mut BytesMut) -> std::io::Result<Filled> {
+        input.reserve(READ_CHUNK);
+        let socket = SockRef::from(&self.stream);
+        match socket.recv_with_flags(input.spare_capacity_mut(), libc::MSG_DONTWAIT) {
+            Ok(n) => Ok(appended(input, n)),
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::Interrupted) => {
+                Ok(Filled::TimedOut)
+            }
             Err(e) => Err(e),
         }
     }

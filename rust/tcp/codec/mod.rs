@@ -26,12 +26,14 @@ pub use scan::{scan_request, scan_request_from, ScanMark};
 /// The magic number of the VALIDATE handshake (`00 CE F7 85 3C` on the wire).
 pub const VALIDATE_MAGIC: u32 = 0x3C85_F7CE;
 
-/// The PING nonce ferrodist's client sends in its handshake instead of its pid. torch's client
-/// sends `getpid()` (below 2^22 on Linux), so no stock client sends it. A ferrodist server that
-/// sees it answers [`FERRODIST_PONG`] instead of the echo and from then on treats the connection
-/// as a ferrodist client (it may pipeline a GET behind its WAIT); any other server echoes it,
-/// which tells the client that the server is not ferrodist's. Either way the handshake costs no
-/// request and no reply beyond torch's own VALIDATE and PING.
+/// The nonce of the PING by which ferrodist's client says that it is ferrodist's. Its handshake
+/// is torch's (VALIDATE, then a PING whose nonce is the process id, below 2^22 on Linux, so no
+/// stock client sends this one); this PING follows, in front of the connection's first request
+/// or within the handshake once the client knows the server. A ferrodist server answers
+/// [`FERRODIST_PONG`] instead of the echo and from then on treats the connection as a
+/// ferrodist client (it may pipeline a GET behind its WAIT); any other server echoes it, which
+/// tells the client that the server is not ferrodist's. Either way it costs no round trip: the
+/// answer is read just before the reply of the request it went out with.
 pub const FERRODIST_PING: u32 = 0xF0D1_57C1;
 
 /// What ferrodist's server answers to [`FERRODIST_PING`] (every other nonce is echoed).

@@ -2,11 +2,12 @@
 //! client holds it (the exchange is described in [`crate::tcp::auth`]).
 //!
 //! Without a token the handshake is torch's: VALIDATE with the right magic admits the
-//! connection. With one, the request after VALIDATE decides: ferrodist's marker PING gets the
-//! challenge, and the proof that follows admits the connection or refuses it (a refusal byte is
-//! written before the connection closes, so the client can say why). Anything else comes from
-//! a client that cannot hold a token (a stock torch client sends its pid as PING nonce, torch
-//! 2.4's sends no PING at all): it is served as the first request when the operator admits
+//! connection. With one, the first request after VALIDATE other than torch's PING (whose
+//! nonce, the client's pid, is echoed: every client sends it) decides: ferrodist's marker PING
+//! gets the challenge, and the proof that follows admits the connection or refuses it (a
+//! refusal byte is written before the connection closes, so the client can say why). Anything
+//! else comes from a client that cannot hold a token (a stock torch client, or torch 2.4's,
+//! which sends no PING at all): it is served as the first request when the operator admits
 //! such clients, and refused otherwise. A connection stays under the handshake deadline until it
 //! is admitted, so one that never answers the challenge is closed like one that never
 //! validates.
@@ -99,6 +100,16 @@ impl<B: Backend> Handler<B> {
                 self.output.put_slice(&challenge);
                 self.challenge = Some(Box::new(challenge));
                 self.stage = Stage::Challenged;
+                Ok(Step::Next)
+            }
+            // torch's handshake PING (its nonce is the client's pid): ferrodist's client
+            // sends it too, and says who it is in the request after it.
+            (Stage::Validated, Request::Ping { nonce }) => {
+                if self.shared.allow_torch_clients {
+                    // A stock client may now sit idle as long as it likes, as when admitted.
+                    self.stop_handshake_deadline();
+                }
+                self.output.reply(Reply::Nonce(nonce));
                 Ok(Step::Next)
             }
             (_, request) if self.shared.allow_torch_clients => {
