@@ -48,6 +48,13 @@ _MAX_PORT = 65535
 _METRICS_ADDR_ENV = "FERRODIST_STORE_METRICS_ADDR"
 
 
+def _torch_describes_tcp_stores() -> bool:
+    """True when the installed torch's ``TCPStore`` has a ``repr`` of its own (2.13's does)."""
+    import torch.distributed
+
+    return "__repr__" in vars(torch.distributed.TCPStore)
+
+
 def _check_int(name: str, value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"TCPStore(): argument '{name}' must be int, not {type(value).__name__}")
@@ -215,4 +222,8 @@ class TCPStore(_NativeBackedStore):
 
     def __repr__(self) -> str:
         role = "server" if self._handle.is_server else "client"
-        return f"ferrodist.TCPStore(host={self.host!r}, port={self.port}, {role})"
+        own = f"ferrodist.TCPStore(host={self.host!r}, port={self.port}, {role})"
+        if not _torch_describes_tcp_stores():
+            return own
+        # torch's shape first (its tests match it with a regular expression), ours after it.
+        return f"{self._handle.torch_repr()} {own}"

@@ -54,6 +54,11 @@ impl PyTcpStoreHandle {
         self.inner.server().is_some()
     }
 
+    /// torch's ``repr`` of a TCPStore, in its shape (see ``TcpStore::torch_repr``).
+    fn torch_repr(&self) -> String {
+        self.inner.torch_repr()
+    }
+
     /// Stops the server this store hosts (no-op for a client), waiting until its port is free.
     fn stop_server(&self, py: Python<'_>) {
         py.detach(|| self.inner.stop_server());

@@ -223,6 +223,22 @@ impl TcpStore {
         }
     }
 
+    /// What torch 2.13's `repr` of a TCPStore says, in its shape:
+    /// `TCPStore(client=TCPClient(SocketImpl(...)), server=TCPServer(port=N))`, with
+    /// `server=<nullptr>` on a store that hosts none and `TCPClient(<busy>)` while no
+    /// connection is idle (every one is in a call).
+    pub fn torch_repr(&self) -> String {
+        let client = self
+            .conns
+            .describe_idle()
+            .unwrap_or_else(|| "<busy>".to_owned());
+        let server = match &self.server {
+            Some(_) => format!("TCPServer(port={})", self.port),
+            None => "<nullptr>".to_owned(),
+        };
+        format!("TCPStore(client=TCPClient({client}), server={server})")
+    }
+
     /// The server this store hosts, if it is a master.
     pub fn server(&self) -> Option<&Arc<Server>> {
         self.server.as_ref()
