@@ -164,3 +164,16 @@ def test_ctrl_c_interrupts_a_long_get_and_the_store_stays_usable() -> None:
     store.set("after", "1")
     assert store.get("after") == b"1"
     assert store.add("n", 2) == 2
+
+
+@pytest.mark.parametrize("seconds", [0.3, 1.0])
+def test_a_connect_that_gives_up_says_the_connection_was_refused(seconds: float) -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]  # nothing listens there once the probe is closed
+    started = time.monotonic()
+    with pytest.raises(tdist.DistNetworkError) as caught:
+        ferrodist.TCPStore("127.0.0.1", port, 2, False, timeout=timedelta(seconds=seconds))
+    assert time.monotonic() - started < seconds + 1
+    assert isinstance(caught.value, TimeoutError)
+    assert "Connection refused" in str(caught.value), str(caught.value)
