@@ -18,6 +18,7 @@ default group, which also lets rank 0's embedded server stop and free its port.
 
 from __future__ import annotations
 
+import logging
 from datetime import timedelta
 from typing import Any, Optional, Union
 
@@ -79,6 +80,8 @@ __all__ = [
 ]
 
 
+logger = logging.getLogger("ferrodist.process_group")
+
 _default_group_stores: list[_tdist.Store] = []
 _rendezvous_stores: list[_tdist.Store] = []
 """The stores ferrodist's rendezvous built for the default group (not the caller's)."""
@@ -89,14 +92,32 @@ def destroy_process_group(group: Optional[_tdist.ProcessGroup] = None) -> None:
     ends_default = group is None or group is _tdist.GroupMember.WORLD
     _tdist.destroy_process_group(group)
     if ends_default:
-        for made_here in _rendezvous_stores:
-            # The rendezvous built it, so nothing else may rely on it: free its port now rather
-            # than whenever the object happens to be collected.
-            stop = getattr(made_here, "_stop_server", None)
-            if stop is not None:
-                stop()
+        _stop_servers(_rendezvous_stores)
         _rendezvous_stores.clear()
         _default_group_stores.clear()
+
+
+def _stop_servers(made_here: list[_tdist.Store]) -> None:
+    """Stop the servers of stores the rendezvous built: nothing else may rely on them, so their
+    ports are freed now rather than whenever the objects happen to be collected."""
+    for store in made_here:
+        stop = getattr(store, "_stop_server", None)
+        if stop is not None:
+            stop()
+
+
+def _undo_failed_init(made_here: list[_tdist.Store]) -> None:
+    """After torch's ``init_process_group`` raised: no default group stays behind (torch keeps
+    the one it registered when a later step fails, the ``TORCH_DIST_INIT_BARRIER`` barrier for
+    one), and the servers of ``made_here`` stop. The caller re-raises the original error, so a
+    failure here is only logged."""
+    try:
+        if is_initialized():
+            _tdist.destroy_process_group()
+    except Exception:
+        logger.warning("destroying the half-initialized default group failed", exc_info=True)
+    finally:
+        _stop_servers(made_here)
 
 
 def _default_timeout(backend: Optional[str]) -> timedelta:
@@ -140,6 +161,9 @@ def init_process_group(
             given, or the URL or environment lacks the rank, world size or address.
         StoreTimeoutError: (a ``DistStoreError`` and a ``TimeoutError``) ranks failed to join
             in time; the message names them.
+
+    When torch's part fails, it leaves no default group behind (torch's own keeps one when a
+    step after registering it fails) and stops the store server its rendezvous started.
     """
     if is_initialized():
         raise ValueError("trying to initialize the default process group twice!")
@@ -158,16 +182,20 @@ def init_process_group(
         # the prefix store is ferrodist's, as torch's is torch's.
         store = PrefixStore("default_pg", base)
         stores.append(base)
-    _tdist.init_process_group(
-        backend,
-        timeout=timeout,
-        world_size=world_size,
-        rank=rank,
-        store=store,
-        group_name=group_name,
-        pg_options=pg_options,
-        device_id=device_id,
-        **torch_options,
-    )
+    try:
+        _tdist.init_process_group(
+            backend,
+            timeout=timeout,
+            world_size=world_size,
+            rank=rank,
+            store=store,
+            group_name=group_name,
+            pg_options=pg_options,
+            device_id=device_id,
+            **torch_options,
+        )
+    except BaseException:
+        _undo_failed_init(stores if store_given is None else [])
+        raise
     _default_group_stores[:] = stores
     _rendezvous_stores[:] = stores if store_given is None else []
