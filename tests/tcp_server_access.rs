@@ -247,3 +247,15 @@ fn an_authenticated_ferrodist_client_keeps_its_one_round_trip_get() {
         )))
     );
 }
+
+#[test]
+fn a_stock_client_that_leaves_after_torchs_handshake_is_counted_as_a_torch_client() {
+    let strict = server_with_token(false);
+    let stream = stock_handshake(&strict);
+    assert_eq!(read_n(&stream, 4), 4242u32.to_le_bytes(), "PING echoed");
+    drop(stream);
+    eventually("the torch client is counted", || {
+        strict.metrics().refused_count(Refusal::TorchClient) == 1
+    });
+    assert_eq!(strict.metrics().refused_count(Refusal::Authentication), 0);
+}

@@ -28,6 +28,9 @@ pub(super) enum Stage {
     Connected,
     /// VALIDATE came and the server has a token: the next request tells who the client is.
     Validated,
+    /// torch's handshake PING came after it too (every client sends one): the request after it
+    /// tells who the client is, ferrodist's marker or a stock client's first request.
+    Greeted,
     /// The challenge went out; the next [`PROOF_LEN`] bytes are the client's proof.
     Challenged,
     /// The proof was wrong; the refusal byte goes out, then the connection closes.
@@ -66,7 +69,7 @@ impl<B: Backend> Handler<B> {
         match self.stage {
             Stage::Refused | Stage::Admitted => return Ok(Step::Stop),
             Stage::Challenged => return Ok(self.check_proof()),
-            Stage::Connected | Stage::Validated => {}
+            Stage::Connected | Stage::Validated | Stage::Greeted => {}
         }
         let Some(request) = self.decode()? else {
             return Ok(Step::Stop);
@@ -110,6 +113,7 @@ impl<B: Backend> Handler<B> {
                     self.stop_handshake_deadline();
                 }
                 self.output.reply(Reply::Nonce(nonce));
+                self.stage = Stage::Greeted;
                 Ok(Step::Next)
             }
             (_, request) if self.shared.allow_torch_clients => {
@@ -163,9 +167,12 @@ impl<B: Backend> Handler<B> {
 
     /// How the connection ended when the peer closed it: a client that validated and then left
     /// without proving it holds the token is logged as refused (a ferrodist client started
-    /// without the token closes the connection when it sees the challenge).
+    /// without the token closes the connection when it sees the challenge), and one that left
+    /// after torch's handshake and nothing more as a stock client.
     pub(super) fn left_during_handshake(&self) -> Result<(), Closed> {
         match self.stage {
+            // A stock client that left after torch's handshake, before any request.
+            Stage::Greeted if !self.shared.allow_torch_clients => Err(TORCH_CLIENT),
             Stage::Validated | Stage::Challenged => Err(Closed::Unauthenticated(
                 Refusal::Authentication,
                 "the client left during authentication (it has no token, or the wrong kind)",
