@@ -189,7 +189,8 @@ def test_a_failed_init_after_the_rendezvous_stops_its_server(
     port = _free_port()
     args = _init_args(kind, port, False, monkeypatch)
     # torch refuses the backend only after ferrodist's rendezvous started a server for it
-    with pytest.raises((AssertionError, ValueError, RuntimeError), match="(?i)no-such-backend") as e:
+    refused = (AssertionError, ValueError, RuntimeError)
+    with pytest.raises(refused, match=r"(?i)no-such-backend") as e:
         ferrodist.init_process_group("no-such-backend", **args)
     assert e.value.__traceback__ is not None  # its frames, which hold the store, are alive
     assert not tdist.is_initialized()
