@@ -1,16 +1,23 @@
-//! Access control of the server over real sockets: the token's challenge and proof, stock
-//! clients refused or admitted, and the connection cap.
+//! Access control over real sockets: the token proven both ways (the client's proof, the
+//! server's in turn, neither replayable on another connection), a client with a token that
+//! sends nothing to a server that proves nothing (impostors, servers without a token, torch's),
+//! stock clients refused or admitted, and the connection cap.
 
 mod common;
 
-use std::io::Write;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::thread;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use common::{eventually, frames, is_closed, raw, read_n, start_server_with};
 use ferrodist::error::Error;
 use ferrodist::store::Deadline;
-use ferrodist::tcp::auth::{AuthToken, ADMITTED, CHALLENGE_LEN, FERRODIST_PONG_AUTH, REFUSED};
+use ferrodist::tcp::auth::{
+    self, AuthToken, Challenges, Side, ADMITTED, CHALLENGE_LEN, CLIENT_ANSWER_LEN,
+    FERRODIST_PONG_AUTH, FERRODIST_PONG_AUTH_V1, PROOF_LEN, REFUSED,
+};
 use ferrodist::tcp::codec::{Request, FERRODIST_PING};
 use ferrodist::tcp::server::metrics::Refusal;
 use ferrodist::tcp::{Client, Server, ServerConfig};
@@ -92,16 +99,6 @@ fn a_client_without_a_token_is_told_the_store_needs_one() {
     });
 }
 
-#[test]
-fn a_client_holding_a_token_still_uses_a_server_without_one() {
-    let server = start_server_with(ServerConfig {
-        host: "127.0.0.1".into(),
-        ..ServerConfig::default()
-    });
-    let mut client = connect(&server, Some(&token(SECRET))).expect("connects");
-    assert_eq!(set_then_get(&mut client, "/k"), Bytes::from_static(b"v"));
-}
-
 /// What a stock torch client sends first: VALIDATE, then PING with its pid.
 fn stock_handshake(server: &Server) -> std::net::TcpStream {
     let mut stream = raw(server, true);
@@ -141,13 +138,34 @@ fn challenged(server: &Server) -> (std::net::TcpStream, Vec<u8>) {
     (stream, challenge)
 }
 
+/// The client's answer to `server_challenge` with `client_challenge`: its proof, then its
+/// challenge.
+fn answer(server_challenge: &[u8], client_challenge: &[u8]) -> Vec<u8> {
+    let challenges = Challenges {
+        server: server_challenge,
+        client: client_challenge,
+    };
+    let mut answer = token(SECRET).prove(Side::Client, challenges).to_vec();
+    answer.extend_from_slice(client_challenge);
+    answer
+}
+
 #[test]
-fn the_proof_is_an_hmac_of_a_fresh_challenge_and_a_replayed_one_is_refused() {
+fn the_proofs_are_hmacs_of_both_fresh_challenges_and_a_replayed_one_is_refused() {
     let server = server_with_token(false);
     let (mut first, challenge) = challenged(&server);
-    let proof = token(SECRET).prove(&challenge);
-    first.write_all(&proof).unwrap();
+    let ours = auth::challenge().unwrap();
+    first.write_all(&answer(&challenge, &ours)).unwrap();
     assert_eq!(read_n(&first, 1), [ADMITTED]);
+    let both = Challenges {
+        server: &challenge,
+        client: &ours,
+    };
+    assert_eq!(
+        read_n(&first, PROOF_LEN),
+        token(SECRET).prove(Side::Server, both),
+        "the server proves the token in turn"
+    );
     first.write_all(&frames(&[Request::GetNumKeys])).unwrap();
     assert_eq!(
         read_n(&first, 8),
@@ -160,20 +178,115 @@ fn the_proof_is_an_hmac_of_a_fresh_challenge_and_a_replayed_one_is_refused() {
         challenge, other_challenge,
         "every connection gets its own challenge"
     );
-    second.write_all(&proof).unwrap(); // the first connection's proof, replayed
+    // The first connection's answer, replayed.
+    second.write_all(&answer(&challenge, &ours)).unwrap();
     assert_eq!(read_n(&second, 1), [REFUSED]);
     assert!(is_closed(&second));
 }
 
 #[test]
-fn a_proof_sent_a_byte_at_a_time_is_still_checked_whole() {
+fn an_answer_sent_a_byte_at_a_time_is_still_checked_whole() {
     let server = server_with_token(false);
     let (mut stream, challenge) = challenged(&server);
-    for byte in token(SECRET).prove(&challenge) {
+    for byte in answer(&challenge, &auth::challenge().unwrap()) {
         stream.write_all(&[byte]).unwrap();
         std::thread::sleep(Duration::from_millis(1));
     }
     assert_eq!(read_n(&stream, 1), [ADMITTED]);
+}
+
+/// A one-connection impostor on a port of its own: it answers torch's handshake, then the
+/// marker with `pong` and does `then` with the client's stream; returns what the client sent
+/// after the handshake.
+fn impostor(
+    pong: u32,
+    then: impl FnOnce(&mut TcpStream) + Send + 'static,
+) -> (u16, thread::JoinHandle<Vec<u8>>) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let handle = thread::spawn(move || {
+        let (mut conn, _) = listener.accept().unwrap();
+        conn.set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        let mut handshake = [0u8; 15]; // VALIDATE, PING(pid), PING(marker)
+        conn.read_exact(&mut handshake).unwrap();
+        conn.write_all(&handshake[6..10]).unwrap();
+        conn.write_all(&pong.to_le_bytes()).unwrap();
+        then(&mut conn);
+        let mut rest = Vec::new();
+        let _ = conn.read_to_end(&mut rest);
+        rest
+    });
+    (port, handle)
+}
+
+fn connect_to(port: u16, with: &AuthToken) -> ferrodist::error::Result<Client> {
+    Client::connect_with_token("127.0.0.1", port, Duration::from_secs(10), Some(with))
+}
+
+#[test]
+fn a_client_with_a_token_sends_nothing_to_a_server_that_proves_nothing() {
+    // A ferrodist server without a token, and a server that echoes the marker (torch's).
+    let plain = start_server_with(ServerConfig {
+        host: "127.0.0.1".into(),
+        ..ServerConfig::default()
+    });
+    let err = connect(&plain, Some(&token(SECRET)))
+        .err()
+        .expect("refused");
+    assert!(matches!(err, Error::Unauthenticated(_)), "{err:?}");
+    assert!(err.to_string().contains("requires no token"), "{err}");
+    for pong in [FERRODIST_PING, FERRODIST_PONG_AUTH_V1] {
+        let (port, peer) = impostor(pong, |_| {});
+        let started = Instant::now();
+        let err = connect_to(port, &token(SECRET)).err().expect("refused");
+        assert!(matches!(err, Error::Unauthenticated(_)), "{err:?}");
+        assert!(started.elapsed() < Duration::from_secs(5), "not retried");
+        assert_eq!(
+            peer.join().unwrap(),
+            b"",
+            "nothing sent after the handshake"
+        );
+    }
+}
+
+#[test]
+fn a_server_proof_replayed_from_another_connection_is_refused() {
+    // A man in the middle records a real server's challenge and proof on one connection...
+    let server = server_with_token(false);
+    let (mut recorded, challenge) = challenged(&server);
+    recorded
+        .write_all(&answer(&challenge, &auth::challenge().unwrap()))
+        .unwrap();
+    assert_eq!(read_n(&recorded, 1), [ADMITTED]);
+    let proof = read_n(&recorded, PROOF_LEN);
+    // ...and replays both to a client on another one.
+    let (port, peer) = impostor(FERRODIST_PONG_AUTH, move |conn| {
+        conn.write_all(&challenge).unwrap();
+        let mut client_answer = [0u8; CLIENT_ANSWER_LEN];
+        conn.read_exact(&mut client_answer).unwrap();
+        conn.write_all(&[ADMITTED]).unwrap();
+        conn.write_all(&proof).unwrap();
+    });
+    let err = connect_to(port, &token(SECRET)).err().expect("refused");
+    assert!(matches!(err, Error::Unauthenticated(_)), "{err:?}");
+    assert!(err.to_string().contains("could not prove"), "{err}");
+    assert!(!err.to_string().contains(SECRET));
+    assert_eq!(peer.join().unwrap(), b"", "nothing sent after the answer");
+}
+
+#[test]
+fn a_server_that_admits_anyone_without_proving_the_token_is_refused() {
+    let (port, peer) = impostor(FERRODIST_PONG_AUTH, |conn| {
+        conn.write_all(&auth::challenge().unwrap()).unwrap();
+        let mut client_answer = [0u8; CLIENT_ANSWER_LEN];
+        conn.read_exact(&mut client_answer).unwrap();
+        conn.write_all(&[ADMITTED]).unwrap();
+        conn.write_all(&auth::challenge().unwrap()).unwrap(); // 32 bytes that prove nothing
+    });
+    let err = connect_to(port, &token(SECRET)).err().expect("refused");
+    assert!(matches!(err, Error::Unauthenticated(_)), "{err:?}");
+    assert_eq!(peer.join().unwrap(), b"");
 }
 
 #[test]

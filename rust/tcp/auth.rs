@@ -1,27 +1,35 @@
-//! Access control for the store: a shared token, proven by a challenge and response so that it
-//! never travels and never reaches a log.
+//! Access control for the store: a shared token, proven both ways by challenge and response so
+//! that it never travels and never reaches a log.
 //!
 //! torch's protocol has no authentication: anyone who reaches the port reads and writes every
-//! key. A server started with a token admits only clients that prove they hold it, inside the
+//! key. A server started with a token admits only clients that prove they hold it, and a client
+//! that holds one talks only to a server that proves it holds the same token, inside the
 //! handshake torch already has, so nothing changes for anyone who does not use it:
 //!
-//! 1. The client sends VALIDATE and PING with [`FERRODIST_PING`](crate::tcp::codec::FERRODIST_PING) in
-//!    one write, as always.
-//! 2. A server with a token answers [`FERRODIST_PONG_AUTH`] (instead of `FERRODIST_PONG`) and a
-//!    fresh random challenge of [`CHALLENGE_LEN`] bytes.
-//! 3. The client answers HMAC-SHA256(token, [`PROOF_CONTEXT`] ‖ challenge): [`PROOF_LEN`] raw
-//!    bytes, outside torch's request framing (only a server that asked ever sees them).
-//! 4. The server compares in constant time and answers one byte: [`ADMITTED`], or [`REFUSED`]
-//!    and closes the connection, so the client can say "authentication failed" rather than
-//!    report a broken connection or time out.
+//! 1. The client sends torch's VALIDATE and PING (nonce: its pid), then the PING with
+//!    [`FERRODIST_PING`](crate::tcp::codec::FERRODIST_PING), in one write, as always.
+//! 2. A server with a token answers the marker with [`FERRODIST_PONG_AUTH`] (instead of
+//!    `FERRODIST_PONG`) and a fresh random server challenge of [`CHALLENGE_LEN`] bytes.
+//! 3. The client answers [`CLIENT_ANSWER_LEN`] raw bytes, outside torch's request framing (only
+//!    a server that asked ever sees them): its proof, HMAC-SHA256(token, [`CLIENT_CONTEXT`] ‖
+//!    server challenge ‖ client challenge), then a fresh random client challenge.
+//! 4. The server checks the proof in constant time and answers one byte: [`REFUSED`], then it
+//!    closes the connection (so the client can say "authentication failed" rather than report a
+//!    broken connection or time out); or [`ADMITTED`] followed by its own proof,
+//!    HMAC-SHA256(token, [`SERVER_CONTEXT`] ‖ server challenge ‖ client challenge).
+//! 5. The client checks that proof before it sends anything more, and closes the connection
+//!    when it is wrong.
 //!
-//! A server without a token answers the marker PING as before, and torch's servers echo it, so
-//! a client that holds a token still talks to either (it has nothing to prove to them). A
-//! stock torch client sends its pid as the PING nonce and cannot prove anything: a server with
-//! a token refuses it unless the operator admits torch's clients as they are
-//! (`--allow-unauthenticated-torch-clients`). The challenge is fresh per connection, so a
-//! recorded proof is worth nothing on another connection; the exchange does not encrypt the
-//! traffic that follows (run the store on a private network, or tunnel it, for that).
+//! Both challenges are fresh per connection and both proofs cover both, so a proof recorded on
+//! one connection is worth nothing on another, in either direction; the two contexts differ, so
+//! a server's proof cannot be reflected back as a client's. A client with a token refuses every
+//! server that does not prove it: a ferrodist server without a token, a torch server (they echo
+//! the marker), an impostor on the port, and a ferrodist server of the first version of this
+//! exchange (which answered [`FERRODIST_PONG_AUTH_V1`] and proved nothing), so the protection
+//! cannot be downgraded. A stock torch client sends no marker and cannot prove anything: a
+//! server with a token refuses it unless the operator admits torch's clients as they are
+//! (`--allow-unauthenticated-torch-clients`). The exchange does not encrypt the traffic that
+//! follows (run the store on a private network, or tunnel it, for that).
 //!
 //! [`AuthToken`] never shows its bytes: its `Debug` is redacted and no error or log line is
 //! built from it.
@@ -32,21 +40,46 @@ use sha2::Sha256;
 use crate::error::{Error, Result};
 
 /// What a server that requires a token answers to ferrodist's PING (then the challenge follows).
-pub const FERRODIST_PONG_AUTH: u32 = 0xF0D1_57C3;
-/// Bytes of the server's challenge.
+pub const FERRODIST_PONG_AUTH: u32 = 0xF0D1_57C5;
+/// What servers of the first version of the exchange answered (they proved nothing to the
+/// client); a client with a token refuses them.
+pub const FERRODIST_PONG_AUTH_V1: u32 = 0xF0D1_57C3;
+/// Bytes of each side's challenge.
 pub const CHALLENGE_LEN: usize = 32;
-/// Bytes of the client's proof (an HMAC-SHA256).
+/// Bytes of each side's proof (an HMAC-SHA256).
 pub const PROOF_LEN: usize = 32;
-/// The server's answer to a valid proof.
+/// Bytes of the client's answer to the challenge: its proof, then its own challenge.
+pub const CLIENT_ANSWER_LEN: usize = PROOF_LEN + CHALLENGE_LEN;
+/// The server's answer to a valid proof (its own proof follows).
 pub const ADMITTED: u8 = 0;
 /// The server's answer to a wrong proof, just before it closes the connection.
 pub const REFUSED: u8 = 1;
 /// [`ADMITTED`] from a server whose state outlives it (see
 /// [`FERRODIST_PONG_DURABLE`](crate::tcp::codec::FERRODIST_PONG_DURABLE)).
 pub const ADMITTED_DURABLE: u8 = 2;
-/// Prefixed to the challenge before it is MACed, so a proof means nothing to any other use of
-/// the same token.
-pub const PROOF_CONTEXT: &[u8] = b"ferrodist-store-auth-v1\0";
+/// Prefixed to the challenges before the client's proof is MACed, so it means nothing to any
+/// other use of the same token, the server's proof included.
+pub const CLIENT_CONTEXT: &[u8] = b"ferrodist-store-auth-v2 client\0";
+/// Prefixed to the challenges before the server's proof is MACed.
+pub const SERVER_CONTEXT: &[u8] = b"ferrodist-store-auth-v2 server\0";
+
+/// Which side a proof speaks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Side {
+    /// The client's proof, checked by the server.
+    Client,
+    /// The server's proof, checked by the client.
+    Server,
+}
+
+/// The challenges of one connection: the server's, then the client's.
+#[derive(Debug, Clone, Copy)]
+pub struct Challenges<'a> {
+    /// The server's challenge (step 2).
+    pub server: &'a [u8],
+    /// The client's challenge (step 3).
+    pub client: &'a [u8],
+}
 
 /// The environment variable ferrodist's clients (and a master's server) take the token from.
 pub const TOKEN_ENV: &str = "FERRODIST_STORE_TOKEN";
@@ -112,20 +145,25 @@ impl AuthToken {
         }
     }
 
-    /// The proof for `challenge`: HMAC-SHA256(token, [`PROOF_CONTEXT`] ‖ challenge).
-    pub fn prove(&self, challenge: &[u8]) -> [u8; PROOF_LEN] {
-        self.mac(challenge).finalize().into_bytes().into()
+    /// `side`'s proof for a connection's `challenges`: HMAC-SHA256(token, context of `side` ‖
+    /// server challenge ‖ client challenge).
+    pub fn prove(&self, side: Side, challenges: Challenges<'_>) -> [u8; PROOF_LEN] {
+        self.mac(side, challenges).finalize().into_bytes().into()
     }
 
-    /// Whether `proof` answers `challenge`, compared in constant time.
-    pub fn verify(&self, challenge: &[u8], proof: &[u8]) -> bool {
-        self.mac(challenge).verify_slice(proof).is_ok()
+    /// Whether `proof` is `side`'s proof for `challenges`, compared in constant time.
+    pub fn verify(&self, side: Side, challenges: Challenges<'_>, proof: &[u8]) -> bool {
+        self.mac(side, challenges).verify_slice(proof).is_ok()
     }
 
-    fn mac(&self, challenge: &[u8]) -> Hmac<Sha256> {
+    fn mac(&self, side: Side, challenges: Challenges<'_>) -> Hmac<Sha256> {
         let mut mac = Hmac::<Sha256>::new_from_slice(&self.0).expect("HMAC takes any key length");
-        mac.update(PROOF_CONTEXT);
-        mac.update(challenge);
+        mac.update(match side {
+            Side::Client => CLIENT_CONTEXT,
+            Side::Server => SERVER_CONTEXT,
+        });
+        mac.update(challenges.server);
+        mac.update(challenges.client);
         mac
     }
 }
@@ -143,21 +181,39 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_proof_verifies_only_for_its_token_and_its_challenge() {
+    fn a_proof_verifies_only_for_its_token_its_side_and_both_challenges() {
         let token = AuthToken::new("  s3cret\n").unwrap();
         let other = AuthToken::new("s3cret!").unwrap();
-        let first = challenge().unwrap();
-        let second = challenge().unwrap();
-        assert_ne!(first, second, "challenges are fresh");
-        let proof = token.prove(&first);
-        assert!(token.verify(&first, &proof));
-        assert!(
-            AuthToken::new("s3cret").unwrap().verify(&first, &proof),
-            "trimmed"
+        let (first, second, third) = (
+            challenge().unwrap(),
+            challenge().unwrap(),
+            challenge().unwrap(),
         );
-        assert!(!other.verify(&first, &proof));
-        assert!(!token.verify(&second, &proof));
-        assert!(!token.verify(&first, &proof[..31]));
+        assert_ne!(first, second, "challenges are fresh");
+        let these = Challenges {
+            server: &first,
+            client: &second,
+        };
+        let proof = token.prove(Side::Client, these);
+        assert!(token.verify(Side::Client, these, &proof));
+        let trimmed = AuthToken::new("s3cret").unwrap();
+        assert!(trimmed.verify(Side::Client, these, &proof), "trimmed");
+        assert!(!other.verify(Side::Client, these, &proof));
+        assert!(
+            !token.verify(Side::Server, these, &proof),
+            "not reflected as the server's"
+        );
+        let another_server = Challenges {
+            server: &third,
+            client: &second,
+        };
+        let another_client = Challenges {
+            server: &first,
+            client: &third,
+        };
+        assert!(!token.verify(Side::Client, another_server, &proof));
+        assert!(!token.verify(Side::Client, another_client, &proof));
+        assert!(!token.verify(Side::Client, these, &proof[..31]));
     }
 
     #[test]

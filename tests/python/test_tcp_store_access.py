@@ -179,12 +179,22 @@ def test_a_missing_or_empty_token_file_stops_the_start(tmp_path: Path, content: 
     assert "listening" not in done.stdout
 
 
-def test_a_client_holding_a_token_still_uses_torchs_own_servers() -> None:
+def test_a_client_holding_a_token_sends_nothing_to_servers_that_cannot_prove_it() -> None:
+    # torch's servers, and ferrodist's without a token: none can prove the token, so a client
+    # holding one refuses them at once (no downgrade to an unauthenticated store).
+    plain = ferrodist.TCPStore("127.0.0.1", 0, is_master=True, timeout=LONG)
     with torch_servers(1) as (libuv, legacy):
-        for port in libuv + legacy:
-            store = ferrodist.TCPStore("127.0.0.1", port, timeout=LONG, auth_token=TOKEN)
+        for port in [*libuv, *legacy, plain.port]:
+            started = time.monotonic()
+            with pytest.raises(AuthenticationError, match="did not prove") as refused:
+                ferrodist.TCPStore("127.0.0.1", port, timeout=LONG, auth_token=TOKEN)
+            assert time.monotonic() - started < 5, "refused at once, not at the timeout"
+            assert TOKEN not in str(refused.value)
+            # The same server, without a token: used as before.
+            store = ferrodist.TCPStore("127.0.0.1", port, timeout=LONG)
             store.set("k", "v")
             assert store.get("k") == b"v"
+    plain._stop_server()
 
 
 def test_the_torch_client_flag_needs_a_token_file() -> None:

@@ -49,8 +49,8 @@ use self::socket::{ClientSocket, Filled};
 use crate::error::{Error, Result};
 use crate::store::Deadline;
 use crate::tcp::auth::{
-    AuthToken, ADMITTED, ADMITTED_DURABLE, CHALLENGE_LEN, FERRODIST_PONG_AUTH, REFUSED, TOKEN_ENV,
-    TOKEN_FILE_ENV,
+    self, AuthToken, Challenges, Side, ADMITTED, ADMITTED_DURABLE, CHALLENGE_LEN,
+    FERRODIST_PONG_AUTH, FERRODIST_PONG_AUTH_V1, PROOF_LEN, REFUSED, TOKEN_ENV, TOKEN_FILE_ENV,
 };
 use crate::tcp::codec::{
     decode_reply, scan_request, Limits, Reply, ReplyKind, Request, FERRODIST_PING, FERRODIST_PONG,
@@ -277,8 +277,12 @@ impl Client {
                     let peer = format!("{host}:{port}");
                     Client::handshake(socket, peer, deadline, token)
                 })
-                // A torch 2.4 server closes the connection on PING: once more without it.
-                .or_else(|e| no_ping::without_ping(e, addr, format!("{host}:{port}"), deadline));
+                // A torch 2.4 server closes the connection on PING: once more without it (not
+                // with a token, which such a server could never prove).
+                .or_else(|e| match token {
+                    Some(_) => Err(e),
+                    None => no_ping::without_ping(e, addr, format!("{host}:{port}"), deadline),
+                });
             match attempt {
                 Ok(client) => return Ok(client),
                 Err(err) => last = err,
@@ -382,17 +386,24 @@ impl Client {
     /// from it what the server is; `token` answers a challenge.
     fn read_introduction(&mut self, token: Option<&AuthToken>) -> Result<()> {
         self.introduction = Introduction::Done;
-        match self.read_reply(ReplyKind::Nonce)? {
+        let answer = self.read_reply(ReplyKind::Nonce)?;
+        if let Reply::Nonce(FERRODIST_PONG_AUTH) = answer {
+            self.ferrodist_server = true;
+            self.durable_server = self.authenticate(token)?;
+            return Ok(());
+        }
+        if token.is_some() {
+            // A client with a token talks only to a server that proves it holds the token.
+            return Err(self.unproven_server(&answer));
+        }
+        match answer {
             Reply::Nonce(FERRODIST_PONG) => self.ferrodist_server = true,
             Reply::Nonce(FERRODIST_PONG_DURABLE) => {
                 self.ferrodist_server = true;
                 self.durable_server = true;
             }
             Reply::Nonce(FERRODIST_PING) => {}
-            Reply::Nonce(FERRODIST_PONG_AUTH) => {
-                self.ferrodist_server = true;
-                self.durable_server = self.authenticate(token)?;
-            }
+            Reply::Nonce(FERRODIST_PONG_AUTH_V1) => return Err(self.no_token()),
             other => {
                 return Err(Error::Network(format!(
                     "Ping failed, invalid value returned from server. Expected: \
@@ -403,34 +414,79 @@ impl Client {
         Ok(())
     }
 
-    /// Answers the server's challenge with the proof that this client holds `token`; true when
-    /// the server that admitted it is durable.
-    fn authenticate(&mut self, token: Option<&AuthToken>) -> Result<bool> {
-        let challenge = self.read_raw(CHALLENGE_LEN)?;
-        let Some(token) = token else {
-            return Err(Error::Unauthenticated(format!(
-                "the store at {} requires an auth token and this client has none: pass \
-                 auth_token= to TCPStore, or set {TOKEN_ENV} (or {TOKEN_FILE_ENV})",
-                self.peer
-            )));
+    /// Why a client with a token will not use a server that did not prove the token (the
+    /// marker's `answer` says what the server is).
+    fn unproven_server(&self, answer: &Reply) -> Error {
+        let what = match answer {
+            Reply::Nonce(FERRODIST_PONG | FERRODIST_PONG_DURABLE) => {
+                "it is a ferrodist server that requires no token"
+            }
+            Reply::Nonce(FERRODIST_PONG_AUTH_V1) => {
+                "it runs an older ferrodist-store whose authentication does not prove the \
+                 server; upgrade it"
+            }
+            Reply::Nonce(FERRODIST_PING) => "it is not ferrodist's (a torch server?)",
+            _ => "it does not speak ferrodist's handshake",
         };
-        self.output.extend_from_slice(&token.prove(&challenge));
+        Error::Unauthenticated(format!(
+            "the store at {} did not prove that it holds this client's auth token ({what}); \
+             a client with a token sends nothing to such a server (drop the token, e.g. unset \
+             {TOKEN_ENV}, to use it without authentication)",
+            self.peer
+        ))
+    }
+
+    fn no_token(&self) -> Error {
+        Error::Unauthenticated(format!(
+            "the store at {} requires an auth token and this client has none: pass \
+             auth_token= to TCPStore, or set {TOKEN_ENV} (or {TOKEN_FILE_ENV})",
+            self.peer
+        ))
+    }
+
+    /// Answers the server's challenge with the proof that this client holds `token` and its own
+    /// challenge, then checks the server's proof; true when the server that admitted it is
+    /// durable.
+    fn authenticate(&mut self, token: Option<&AuthToken>) -> Result<bool> {
+        let server_challenge = self.read_raw(CHALLENGE_LEN)?;
+        let Some(token) = token else {
+            return Err(self.no_token());
+        };
+        let client_challenge = auth::challenge()?;
+        let challenges = Challenges {
+            server: &server_challenge,
+            client: &client_challenge,
+        };
+        self.output
+            .extend_from_slice(&token.prove(Side::Client, challenges));
+        self.output.extend_from_slice(&client_challenge);
         self.flush()?;
-        match self.read_raw(1).map(|answer| answer[0]) {
-            Ok(ADMITTED) => Ok(false),
-            Ok(ADMITTED_DURABLE) => Ok(true),
+        let durable = match self.read_raw(1).map(|answer| answer[0]) {
+            Ok(ADMITTED) => false,
+            Ok(ADMITTED_DURABLE) => true,
             Ok(REFUSED) | Err(Error::ConnectionClosed { .. }) => {
-                Err(Error::Unauthenticated(format!(
+                return Err(Error::Unauthenticated(format!(
                     "authentication failed: the store at {} refused this client's auth token \
                      (the server holds a different one)",
                     self.peer
                 )))
             }
-            Ok(other) => Err(Error::Protocol(format!(
-                "unexpected answer {other} to the auth proof"
-            ))),
-            Err(err) => Err(err),
+            Ok(other) => {
+                return Err(Error::Protocol(format!(
+                    "unexpected answer {other} to the auth proof"
+                )))
+            }
+            Err(err) => return Err(err),
+        };
+        let server_proof = self.read_raw(PROOF_LEN)?;
+        if !token.verify(Side::Server, challenges, &server_proof) {
+            return Err(Error::Unauthenticated(format!(
+                "authentication failed: the store at {} admitted this client but could not \
+                 prove that it holds the same auth token (an impostor?); nothing was sent to it",
+                self.peer
+            )));
         }
+        Ok(durable)
     }
 
     /// Reads `n` raw bytes (the auth exchange, which is outside torch's reply framing).

@@ -51,7 +51,7 @@ use super::shutdown::Shutdown;
 use super::work_slice::Turn;
 use super::Shared;
 use crate::store::db::Db;
-use crate::tcp::auth::PROOF_LEN;
+use crate::tcp::auth::CLIENT_ANSWER_LEN;
 use crate::tcp::codec::{
     decode_request_from, scan_request_from, FrameError, Reply, Request, Scan, ScanMark,
     FERRODIST_PING, FERRODIST_PONG, FERRODIST_PONG_DURABLE, STOP_WAITING, WAIT_CANCELED,
@@ -247,7 +247,7 @@ impl<B: Backend> Handler<B> {
                 self.input = BytesMut::new();
             }
             let need = if self.stage == Stage::Challenged {
-                Some(PROOF_LEN) // raw bytes, not a request
+                Some(CLIENT_ANSWER_LEN) // raw bytes, not a request
             } else {
                 match scan_request_from(&self.input, &self.shared.limits, &mut self.scan_mark)? {
                     Scan::Incomplete(need) => Some(need),

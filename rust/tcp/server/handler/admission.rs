@@ -4,8 +4,9 @@
 //! Without a token the handshake is torch's: VALIDATE with the right magic admits the
 //! connection. With one, the first request after VALIDATE other than torch's PING (whose
 //! nonce, the client's pid, is echoed: every client sends it) decides: ferrodist's marker PING
-//! gets the challenge, and the proof that follows admits the connection or refuses it (a
-//! refusal byte is written before the connection closes, so the client can say why). Anything
+//! gets the challenge, and the answer that follows admits the connection (and the server proves
+//! the token in turn) or refuses it (a refusal byte is written before the connection closes,
+//! so the client can say why). Anything
 //! else comes from a client that cannot hold a token (a stock torch client, or torch 2.4's,
 //! which sends no PING at all): it is served as the first request when the operator admits
 //! such clients, and refused otherwise. A connection stays under the handshake deadline until it
@@ -14,7 +15,8 @@
 
 use super::{Closed, Handler};
 use crate::tcp::auth::{
-    self, ADMITTED, ADMITTED_DURABLE, CHALLENGE_LEN, FERRODIST_PONG_AUTH, PROOF_LEN, REFUSED,
+    self, Challenges, Side, ADMITTED, ADMITTED_DURABLE, CHALLENGE_LEN, CLIENT_ANSWER_LEN,
+    FERRODIST_PONG_AUTH, PROOF_LEN, REFUSED,
 };
 use crate::tcp::codec::{Reply, Request, FERRODIST_PING, VALIDATE_MAGIC};
 use crate::tcp::server::backend::Backend;
@@ -31,7 +33,7 @@ pub(super) enum Stage {
     /// torch's handshake PING came after it too (every client sends one): the request after it
     /// tells who the client is, ferrodist's marker or a stock client's first request.
     Greeted,
-    /// The challenge went out; the next [`PROOF_LEN`] bytes are the client's proof.
+    /// The challenge went out; the next [`CLIENT_ANSWER_LEN`] bytes are the client's answer.
     Challenged,
     /// The proof was wrong; the refusal byte goes out, then the connection closes.
     Refused,
@@ -124,31 +126,38 @@ impl<B: Backend> Handler<B> {
         }
     }
 
-    /// Checks the proof once all of it is buffered: admits, or queues the refusal.
+    /// Checks the client's answer once all of it is buffered: admits (and proves the token in
+    /// turn), or queues the refusal.
     fn check_proof(&mut self) -> Step {
-        if self.input.len() < PROOF_LEN {
+        if self.input.len() < CLIENT_ANSWER_LEN {
             return Step::Stop;
         }
-        let proof = self.input.split_to(PROOF_LEN);
-        let challenge: Box<[u8; CHALLENGE_LEN]> = self.challenge.take().unwrap_or_default();
-        let proven = self
-            .shared
-            .auth_token
-            .as_ref()
-            .is_some_and(|token| token.verify(&challenge[..], &proof));
-        if proven {
-            self.output.put_u8(if B::DURABLE {
-                ADMITTED_DURABLE
-            } else {
-                ADMITTED
-            });
-            self.admit();
-            self.holds_behind_wait = true; // only ferrodist's client gets this far
-            Step::Next
-        } else {
-            self.output.put_u8(REFUSED);
-            self.stage = Stage::Refused;
-            Step::Stop
+        let answer = self.input.split_to(CLIENT_ANSWER_LEN);
+        let (proof, client_challenge) = answer.split_at(PROOF_LEN);
+        let server_challenge: Box<[u8; CHALLENGE_LEN]> = self.challenge.take().unwrap_or_default();
+        let challenges = Challenges {
+            server: &server_challenge[..],
+            client: client_challenge,
+        };
+        let token = self.shared.auth_token.as_ref();
+        match token.filter(|token| token.verify(Side::Client, challenges, proof)) {
+            Some(token) => {
+                self.output.put_u8(if B::DURABLE {
+                    ADMITTED_DURABLE
+                } else {
+                    ADMITTED
+                });
+                self.output
+                    .put_slice(&token.prove(Side::Server, challenges));
+                self.admit();
+                self.holds_behind_wait = true; // only ferrodist's client gets this far
+                Step::Next
+            }
+            None => {
+                self.output.put_u8(REFUSED);
+                self.stage = Stage::Refused;
+                Step::Stop
+            }
         }
     }
 
