@@ -372,3 +372,32 @@ fn a_stock_client_that_leaves_after_torchs_handshake_is_counted_as_a_torch_clien
     });
     assert_eq!(strict.metrics().refused_count(Refusal::Authentication), 0);
 }
+
+fn server_admitting_torch_clients_from(networks: &[&str]) -> Server {
+    start_server_with(ServerConfig {
+        host: "127.0.0.1".into(),
+        auth_token: Some(token(SECRET)),
+        allow_unauthenticated_torch_clients: true,
+        torch_clients_from: networks.iter().map(|n| n.parse().unwrap()).collect(),
+        ..ServerConfig::default()
+    })
+}
+
+#[test]
+fn stock_clients_are_served_without_a_token_only_from_the_networks_admitted() {
+    // Loopback by default (the lenient server above), or exactly the networks named.
+    let elsewhere = server_admitting_torch_clients_from(&["10.99.0.0/16", "fd00:99::/32"]);
+    let mut stream = stock_handshake(&elsewhere);
+    assert_eq!(read_n(&stream, 4), 4242u32.to_le_bytes(), "PING echoed");
+    stream.write_all(&frames(&[Request::GetNumKeys])).unwrap();
+    assert!(is_closed(&stream), "127.0.0.1 is not on 10.99.0.0/16");
+    eventually("the torch client is counted", || {
+        elsewhere.metrics().refused_count(Refusal::TorchClient) == 1
+    });
+
+    let here = server_admitting_torch_clients_from(&["127.0.0.1/32"]);
+    let mut stream = stock_handshake(&here);
+    assert_eq!(read_n(&stream, 4), 4242u32.to_le_bytes(), "PING echoed");
+    stream.write_all(&frames(&[Request::GetNumKeys])).unwrap();
+    assert_eq!(read_n(&stream, 8), 0i64.to_le_bytes(), "served");
+}

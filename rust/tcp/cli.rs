@@ -62,9 +62,21 @@ pub struct ServerArgs {
     /// `FERRODIST_STORE_TOKEN_FILE` or `TCPStore(auth_token=...)`.
     #[arg(long, value_name = "FILE")]
     pub auth_token_file: Option<std::path::PathBuf>,
-    /// With `--auth-token-file`: still admit stock torch clients, which cannot present a token.
+    /// With `--auth-token-file`: still serve stock torch clients (torchrun's agent, say), which
+    /// cannot present a token, but only from loopback unless `--torch-clients-from` names other
+    /// networks. Such a client reads and writes every key, as a token holder does; everyone
+    /// else must still prove the token.
     #[arg(long, requires = "auth_token_file")]
     pub allow_unauthenticated_torch_clients: bool,
+    /// With `--allow-unauthenticated-torch-clients`: the networks (CIDR, comma-separated, e.g.
+    /// `10.1.0.0/16,127.0.0.1/32`) stock torch clients are served from, instead of loopback.
+    #[arg(
+        long,
+        value_name = "CIDR,...",
+        value_delimiter = ',',
+        requires = "allow_unauthenticated_torch_clients"
+    )]
+    pub torch_clients_from: Vec<ipnet::IpNet>,
     /// Close new connections at once while this many are open (those open are unaffected).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     pub max_connections: Option<u64>,
@@ -118,6 +130,7 @@ pub fn run_until_signal(args: &ServerArgs) -> Result<()> {
     let config = ServerConfig {
         auth_token,
         allow_unauthenticated_torch_clients: args.allow_unauthenticated_torch_clients,
+        torch_clients_from: args.torch_clients_from.clone(),
         max_connections: args.max_connections,
         metrics_addr: args.metrics_addr.clone(),
         host: args.host.clone(),

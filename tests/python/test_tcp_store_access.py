@@ -59,8 +59,8 @@ def parse_metrics(text: str) -> dict[str, float]:
 
 
 def assert_torch_client_refused(port: int) -> None:
-    """A stock torch client is closed on: torch >= 2.5 fails in its handshake's PING (after
-    retrying until its timeout); torch 2.4 sends no PING, so its first reply never comes."""
+    """A stock torch client is closed on at its first request after torch's handshake (torch 2.4
+    sends no PING: at its first request too), so its first reply never comes."""
     with pytest.raises(tdist.DistError):
         client = tdist.TCPStore("127.0.0.1", port, timeout=SHORT)
         client.set("refused", "1")
@@ -160,6 +160,37 @@ def test_stock_torch_clients_are_admitted_when_the_operator_allows_them(token_fi
             ferrodist.TCPStore("127.0.0.1", server.port, timeout=LONG, auth_token="guess")
     finally:
         assert TOKEN not in server.stop_and_log()
+
+
+def test_stock_torch_clients_are_served_only_from_the_networks_named(token_file: Path) -> None:
+    # 127.0.0.1 is outside 10.99.0.0/16: a stock client from here is refused like any other,
+    # and the start-up log says which networks skip the token.
+    server = Server(
+        "--auth-token-file",
+        str(token_file),
+        "--allow-unauthenticated-torch-clients",
+        "--torch-clients-from",
+        "10.99.0.0/16,fd00:99::/32",
+    )
+    try:
+        assert_torch_client_refused(server.port)
+        ours = ferrodist.TCPStore("127.0.0.1", server.port, timeout=LONG, auth_token=TOKEN)
+        ours.set("k", "v")
+        refused = 'ferrodist_store_connections_refused_total{reason="torch_client"}'
+        eventually("the torch client is counted", lambda: server.metrics()[refused] >= 1)
+    finally:
+        log = server.stop_and_log()
+    assert "10.99.0.0/16" in log and "served without it" in log, log
+    assert TOKEN not in log
+
+
+def test_the_help_says_what_stock_clients_may_do() -> None:
+    done = subprocess.run(
+        [*ferrodist_store_command(), "--help"], capture_output=True, text=True, timeout=30
+    )
+    text = " ".join(done.stdout.split())
+    assert "only from loopback unless `--torch-clients-from`" in text, text
+    assert "reads and writes every key" in text, text
 
 
 @pytest.mark.parametrize("content", [None, "", " \n\t\n"])

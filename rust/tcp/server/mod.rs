@@ -50,6 +50,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
+use ipnet::IpNet;
 use socket2::{Domain, Protocol, Socket, Type};
 use tokio::net::TcpListener;
 
@@ -84,8 +85,13 @@ pub struct ServerConfig {
     pub validate_within: Duration,
     /// Serve only clients that prove they hold this token (see [`crate::tcp::auth`]).
     pub auth_token: Option<AuthToken>,
-    /// With a token: still serve clients that cannot present one (stock torch clients).
+    /// With a token: still serve clients that cannot present one (stock torch clients), from
+    /// the networks of [`ServerConfig::torch_clients_from`] only.
     pub allow_unauthenticated_torch_clients: bool,
+    /// Where clients admitted without a token may connect from; empty: loopback only
+    /// ([`LOOPBACK_NETWORKS`]), so a torchrun agent on the store's own host is served and
+    /// nobody else gets around the token.
+    pub torch_clients_from: Vec<IpNet>,
     /// Connections beyond this many open ones are closed at once.
     pub max_connections: Option<u64>,
     /// Serve `GET /metrics` and `GET /healthz` on this `host:port` (port 0 picks one).
@@ -107,6 +113,7 @@ impl Default for ServerConfig {
             validate_within: DEFAULT_VALIDATE_WITHIN,
             auth_token: None,
             allow_unauthenticated_torch_clients: false,
+            torch_clients_from: Vec::new(),
             max_connections: None,
             metrics_addr: None,
         }
@@ -122,22 +129,46 @@ pub struct Shared {
     pub validate_within: Duration,
     /// See [`ServerConfig::auth_token`].
     pub auth_token: Option<AuthToken>,
-    /// See [`ServerConfig::allow_unauthenticated_torch_clients`].
-    pub allow_torch_clients: bool,
+    /// With a token: the networks stock torch clients are served from without one (see
+    /// [`ServerConfig::allow_unauthenticated_torch_clients`]); `None` refuses them all.
+    pub torch_clients_from: Option<Vec<IpNet>>,
     /// See [`ServerConfig::max_connections`].
     pub max_connections: Option<u64>,
     /// The server's counters.
     pub metrics: Metrics,
 }
 
+/// The networks stock clients are admitted from without a token when none are named.
+pub const LOOPBACK_NETWORKS: [&str; 2] = ["127.0.0.0/8", "::1/128"];
+
 impl Shared {
+    /// Whether a stock torch client at `peer` is served without a token.
+    pub fn admits_torch_client(&self, peer: IpAddr) -> bool {
+        let peer = match peer {
+            IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(peer, IpAddr::V4),
+            v4 => v4,
+        };
+        self.torch_clients_from
+            .as_ref()
+            .is_some_and(|networks| networks.iter().any(|net| net.contains(&peer)))
+    }
+
     /// The shared part of `config`, with fresh metrics.
     pub fn new(config: &ServerConfig) -> Shared {
         Shared {
             limits: config.limits,
             validate_within: config.validate_within,
             auth_token: config.auth_token.clone(),
-            allow_torch_clients: config.allow_unauthenticated_torch_clients,
+            torch_clients_from: config.allow_unauthenticated_torch_clients.then(|| {
+                if config.torch_clients_from.is_empty() {
+                    LOOPBACK_NETWORKS
+                        .iter()
+                        .map(|n| n.parse().expect("valid"))
+                        .collect()
+                } else {
+                    config.torch_clients_from.clone()
+                }
+            }),
             max_connections: config.max_connections,
             metrics: Metrics::default(),
         }
@@ -306,11 +337,18 @@ impl Server {
             tracing::info!(%addr, "metrics on http://{addr}/metrics");
         }
         if shared.auth_token.is_some() {
-            let torch = shared.allow_torch_clients;
-            tracing::info!(
-                unauthenticated_torch_clients_allowed = torch,
-                "clients must prove they hold the auth token"
-            );
+            match &shared.torch_clients_from {
+                None => tracing::info!(
+                    "clients must prove they hold the auth token; stock torch clients (which \
+                     cannot) are refused"
+                ),
+                Some(networks) => tracing::warn!(
+                    networks = ?networks.iter().map(ToString::to_string).collect::<Vec<_>>(),
+                    "clients must prove they hold the auth token, except stock torch clients \
+                     from these networks, which are served without it and can read and write \
+                     every key"
+                ),
+            }
         }
         Ok(Server {
             local_addr,

@@ -9,7 +9,9 @@
 //! so the client can say why). Anything
 //! else comes from a client that cannot hold a token (a stock torch client, or torch 2.4's,
 //! which sends no PING at all): it is served as the first request when the operator admits
-//! such clients, and refused otherwise. A connection stays under the handshake deadline until it
+//! such clients and the peer is on one of the networks they are admitted from (loopback unless
+//! the operator names others), and refused otherwise: admitting torch's clients opens no door
+//! around the token for the rest of the network. A connection stays under the handshake deadline until it
 //! is admitted, so one that never answers the challenge is closed like one that never
 //! validates.
 
@@ -55,6 +57,14 @@ pub(super) enum Step {
 pub(super) const WRONG_TOKEN: Closed = Closed::Unauthenticated(
     Refusal::Authentication,
     "authentication failed: the client's proof does not match this server's token",
+);
+
+/// Why a client that cannot present a token is closed when such clients are admitted from
+/// some networks, but not from this peer's.
+const OUTSIDE_TORCH_CLIENT_NETWORKS: Closed = Closed::Unauthenticated(
+    Refusal::TorchClient,
+    "refused a client without ferrodist's handshake (a stock torch client?) from outside the \
+     networks such clients are served from (loopback unless --torch-clients-from names others)",
 );
 
 /// Why a client that cannot present a token is closed.
@@ -110,7 +120,7 @@ impl<B: Backend> Handler<B> {
             // torch's handshake PING (its nonce is the client's pid): ferrodist's client
             // sends it too, and says who it is in the request after it.
             (Stage::Validated, Request::Ping { nonce }) => {
-                if self.shared.allow_torch_clients {
+                if self.torch_client_admitted() {
                     // A stock client may now sit idle as long as it likes, as when admitted.
                     self.stop_handshake_deadline();
                 }
@@ -118,11 +128,11 @@ impl<B: Backend> Handler<B> {
                 self.stage = Stage::Greeted;
                 Ok(Step::Next)
             }
-            (_, request) if self.shared.allow_torch_clients => {
+            (_, request) if self.torch_client_admitted() => {
                 self.admit();
                 Ok(Step::Serve(request))
             }
-            (_, _) => Err(TORCH_CLIENT),
+            (_, _) => Err(self.torch_client_refusal()),
         }
     }
 
@@ -161,6 +171,25 @@ impl<B: Backend> Handler<B> {
         }
     }
 
+    /// Whether this connection, from a client that cannot present a token, is served anyway:
+    /// the operator admits such clients and the peer is on one of their networks.
+    fn torch_client_admitted(&self) -> bool {
+        self.shared.torch_clients_from.is_some()
+            && self
+                .stream
+                .peer_addr()
+                .is_ok_and(|peer| self.shared.admits_torch_client(peer.ip()))
+    }
+
+    /// Why a client that cannot present a token is closed.
+    fn torch_client_refusal(&self) -> Closed {
+        if self.shared.torch_clients_from.is_some() {
+            OUTSIDE_TORCH_CLIENT_NETWORKS
+        } else {
+            TORCH_CLIENT
+        }
+    }
+
     fn admit(&mut self) {
         self.stage = Stage::Admitted;
         self.stop_handshake_deadline();
@@ -181,7 +210,7 @@ impl<B: Backend> Handler<B> {
     pub(super) fn left_during_handshake(&self) -> Result<(), Closed> {
         match self.stage {
             // A stock client that left after torch's handshake, before any request.
-            Stage::Greeted if !self.shared.allow_torch_clients => Err(TORCH_CLIENT),
+            Stage::Greeted if !self.torch_client_admitted() => Err(self.torch_client_refusal()),
             Stage::Validated | Stage::Challenged => Err(Closed::Unauthenticated(
                 Refusal::Authentication,
                 "the client left during authentication (it has no token, or the wrong kind)",
