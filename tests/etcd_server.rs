@@ -244,8 +244,9 @@ fn a_set_from_a_client_that_leaves_at_once_still_lands() {
     etcd_store(&prefix).purge().unwrap();
 }
 
-/// `ferrodist-store --backend etcd://...` as a child process on `port`, once it listens.
-fn spawn_binary(port: u16, prefix: &str) -> Child {
+/// `ferrodist-store --backend etcd://...` as a child process on `port` (0: one it picks), once
+/// it listens, and the port it listens on.
+fn spawn_binary(port: u16, prefix: &str) -> (Child, u16) {
     let url = format!(
         "etcd://{}/{prefix}",
         EtcdCluster::shared_endpoints().join(",")
@@ -261,26 +262,21 @@ fn spawn_binary(port: u16, prefix: &str) -> Child {
     BufReader::new(child.stdout.take().unwrap())
         .read_line(&mut line)
         .unwrap();
-    assert!(
-        line.starts_with("ferrodist-store listening on"),
-        "got {line:?}"
-    );
-    child
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    let listening = line
+        .strip_prefix("ferrodist-store listening on ")
+        .and_then(|addr| addr.trim().rsplit(':').next())
+        .and_then(|port| port.parse().ok());
+    match listening {
+        Some(port) => (child, port),
+        None => panic!("got {line:?}"),
+    }
 }
 
 #[test]
 fn a_server_killed_and_restarted_serves_every_acknowledged_key() {
     let prefix = job();
-    let port = free_port();
-    let mut first = spawn_binary(port, &prefix);
+    // The server picks its port (a port picked here and bound later could be taken between).
+    let (mut first, port) = spawn_binary(0, &prefix);
     let writer = client(port);
     let reader = client(port);
     writer.set("k", b"v").unwrap();
@@ -295,7 +291,7 @@ fn a_server_killed_and_restarted_serves_every_acknowledged_key() {
         let prefix = prefix.clone();
         move || {
             thread::sleep(Duration::from_secs(1));
-            spawn_binary(port, &prefix)
+            spawn_binary(port, &prefix).0
         }
     });
     let started = Instant::now();
@@ -308,8 +304,7 @@ fn a_server_killed_and_restarted_serves_every_acknowledged_key() {
     assert_eq!(writer.get("n").unwrap(), b"6", "the writer reconnects too");
     let mut second = restarted.join().unwrap();
     // A second instance beside it, on another port, serves the same keys.
-    let other = free_port();
-    let mut beside = spawn_binary(other, &prefix);
+    let (mut beside, other) = spawn_binary(0, &prefix);
     let third = client(other);
     assert_eq!(third.get("k").unwrap(), b"v");
     assert_eq!(third.add("n", 1).unwrap(), 7);
