@@ -72,7 +72,7 @@ _build_output() {
 # Colour through the pipe when a person watches (cargo only colours a terminal).
 color=${CARGO_TERM_COLOR:-auto}
 if [ -t 2 ]; then color=${CARGO_TERM_COLOR:-always}; fi
-first="(first build: about 3 minutes on 2 cores, cargo's lines follow)"
+first="(first build: every dependency, about 4 minutes on 2 cores; cargo's lines follow)"
 what="== building the extension (maturin develop, cargo profile \`extension\`)"
 ls "$REPO"/python/ferrodist/_native*.so >/dev/null 2>&1 || what="$what $first"
 (cd "$REPO" && CARGO_TERM_COLOR=$color maturin develop --skip-install 2>&1 | _build_output "$what") ||
