@@ -81,6 +81,8 @@ class EtcdStoreHandle:
     def prefix(self) -> str: ...
     @property
     def endpoints(self) -> list[str]: ...
+    @property
+    def plaintext_credentials_endpoint(self) -> str | None: ...
     def purge(self) -> int: ...
 
 def etcd_store(
@@ -93,6 +95,8 @@ def etcd_store(
     cert_file: str | None = None,
     key_file: str | None = None,
     tls_domain: str | None = None,
+    password_file: str | None = None,
+    insecure_plaintext_credentials: bool = False,
 ) -> EtcdStoreHandle: ...
 
 # --- rendezvous ---

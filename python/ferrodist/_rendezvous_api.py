@@ -32,6 +32,7 @@ from urllib.parse import urlparse, urlunparse
 import torch.distributed as _tdist
 
 from ferrodist import _native
+from ferrodist._redact import redact_url
 from ferrodist._rendezvous import use_libuv_from
 
 __all__ = ["register_etcd_with_torch", "rendezvous", "share_ports_with_torch"]
@@ -69,7 +70,7 @@ def _with_node_arguments(url: str, rank: int, world_size: int) -> str:
     query = _query(url)
     if "rank" in query or "world_size" in query:
         raise AssertionError(
-            f"The url: {url} has node-specific arguments(rank, world_size) already."
+            f"The url: {redact_url(url)} has node-specific arguments(rank, world_size) already."
         )
     if rank != -1:
         query["rank"] = str(rank)
@@ -189,7 +190,7 @@ def rendezvous(
         ValueError: the URL or environment lacks what the scheme needs.
     """
     if not isinstance(url, (str, bytes)):
-        raise RuntimeError(f"`url` must be a string. {type(url)}: {url!r}")
+        raise RuntimeError(f"`url` must be a string. {type(url)}: {redact_url(repr(url))}")
     if not isinstance(rank, numbers.Integral):
         raise RuntimeError(f"`rank` must be an integer. {rank}")
     if not isinstance(world_size, numbers.Integral):

@@ -15,7 +15,13 @@ Usage::
 ``--rdzv-conf`` takes, besides torch's ``join_timeout``, ``last_call_timeout``,
 ``close_timeout`` and ``heartbeat``: ``read_timeout`` (seconds, default 60: the store timeout),
 ``prefix`` (default ``torchrun``; keys live under ``PREFIX/RUN_ID/``), ``username``,
-``password``, ``ca_file``, ``cert_file``, ``key_file`` and ``tls_domain``.
+``password_file``, ``insecure_plaintext_credentials``, ``ca_file``, ``cert_file``, ``key_file``
+and ``tls_domain``.
+
+No ``password``: ``--rdzv-conf`` is on torchrun's command line, which every user of the host
+reads in ``ps``, and torch logs the whole conf at start. A ``password`` there is refused; the
+password goes in a file (``password_file=PATH``) or in ``FERRODIST_ETCD_PASSWORD``. Credentials
+go only over TLS (``ca_file``) unless ``insecure_plaintext_credentials=1``.
 
 torch finds the backend through the ``torchrun.handlers`` entry point an installed ferrodist
 declares (pyproject.toml); :func:`register` does the same by hand (a checkout that is not
@@ -37,13 +43,15 @@ from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
     create_handler as _dynamic_handler,
 )
 
+from ferrodist._etcd_url import PASSWORD_ENV
 from ferrodist.etcd_store import EtcdStore
 
 __all__ = ["BACKEND_NAME", "EtcdRendezvousBackend", "create_handler", "handler_factory", "register"]
 
 BACKEND_NAME = "ferrodist-etcd"
 
-_STORE_OPTIONS = ("username", "password", "ca_file", "cert_file", "key_file", "tls_domain")
+_STORE_OPTIONS = ("username", "password_file", "ca_file", "cert_file", "key_file", "tls_domain")
+_INSECURE = "insecure_plaintext_credentials"
 
 
 class EtcdRendezvousBackend(C10dRendezvousBackend):
@@ -61,6 +69,12 @@ def create_handler(params: RendezvousParameters) -> RendezvousHandler:
         raise ValueError(
             f"--rdzv-backend={BACKEND_NAME} needs --rdzv-endpoint=host:port[,host:port...]"
         )
+    if params.get("password") is not None:
+        raise ValueError(
+            f"--rdzv-backend={BACKEND_NAME}: a password in --rdzv-conf is refused (the command "
+            "line is readable by every user of the host, and torch logs the conf); put it in a "
+            f"file and pass password_file=PATH, or set {PASSWORD_ENV}"
+        )
     read_timeout = params.get_as_int("read_timeout", 60) or 60
     prefix = str(params.get("prefix", "torchrun")).rstrip("/")
     options = {name: params.get(name) for name in _STORE_OPTIONS if params.get(name) is not None}
@@ -68,6 +82,7 @@ def create_handler(params: RendezvousParameters) -> RendezvousHandler:
         params.endpoint,
         f"{prefix}/{params.run_id}",
         timedelta(seconds=read_timeout),
+        insecure_plaintext_credentials=bool(params.get_as_bool(_INSECURE, False)),
         **options,
     )
     return _dynamic_handler(store, EtcdRendezvousBackend(store, params.run_id), params)

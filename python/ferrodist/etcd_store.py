@@ -14,11 +14,13 @@ from the revision they read, so they wake on the write that completes them witho
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Sequence
 from datetime import timedelta
 from typing import Optional, Union
 
 from ferrodist import _native
+from ferrodist._redact import redact_url
 from ferrodist.store import _NativeBackedStore
 
 __all__ = ["EtcdStore"]
@@ -38,7 +40,8 @@ def _endpoints(endpoints: object) -> list[str]:
         )
     if not items or any(not e for e in items):
         raise ValueError(
-            f"EtcdStore(): argument 'endpoints' must name at least one host:port, got {endpoints!r}"
+            "EtcdStore(): argument 'endpoints' must name at least one host:port, got "
+            f"{[redact_url(e) for e in items]!r}"
         )
     return items
 
@@ -67,14 +70,24 @@ class EtcdStore(_NativeBackedStore):
             cluster never see each other's keys, and :meth:`purge` removes a finished job.
         timeout: default timeout of blocking calls (``get``, ``wait``, ...) and the deadline of
             every other call (a zero timeout waits forever, other calls then get 300 s).
-        username, password: etcd auth, when the cluster has it enabled.
+        username, password: etcd auth, when the cluster has it enabled. A user name needs a
+            password: ``password``, else the file ``password_file`` names, else the
+            environment variable ``FERRODIST_ETCD_PASSWORD``; none (or an empty one) is a
+            ``ValueError``. Credentials are sent only over TLS (``ca_file`` or ``https://``
+            endpoints).
         ca_file: PEM bundle of the CA that signed the members' certificates (turns on TLS).
         cert_file, key_file: a client certificate and its key, for clusters that require one.
         tls_domain: the name to check the members' certificates against, if not the host.
+        password_file: a file holding the password (one trailing newline is dropped).
+        insecure_plaintext_credentials: let the user name and password (and etcd's token after
+            them) go to a plain ``http`` endpoint, readable by anyone on the path. Without it
+            such a store is refused with a ``ValueError``.
 
     Raises:
         DistNetworkError: no member could be reached before ``timeout``.
-        ValueError: an empty endpoint list, a TLS file that cannot be read, a refused login.
+        ValueError: an empty endpoint list, a TLS file that cannot be read, a refused login, a
+            user name without a password, credentials without TLS (see above), an endpoint
+            with ``user:password@`` in it.
 
     Example::
 
@@ -97,6 +110,8 @@ class EtcdStore(_NativeBackedStore):
         cert_file: Optional[_PathLike] = None,
         key_file: Optional[_PathLike] = None,
         tls_domain: Optional[str] = None,
+        password_file: Optional[_PathLike] = None,
+        insecure_plaintext_credentials: bool = False,
     ) -> None:
         if not isinstance(prefix, str):
             raise TypeError(
@@ -116,7 +131,17 @@ class EtcdStore(_NativeBackedStore):
             _optional_path("cert_file", cert_file),
             _optional_path("key_file", key_file),
             _optional_str("tls_domain", tls_domain),
+            _optional_path("password_file", password_file),
+            bool(insecure_plaintext_credentials),
         )
+        plaintext = handle.plaintext_credentials_endpoint
+        if plaintext is not None:
+            warnings.warn(
+                f"EtcdStore: the etcd user name and password went to {plaintext} without TLS "
+                "(insecure_plaintext_credentials): anyone on the network path can read them",
+                RuntimeWarning,
+                stacklevel=2,
+            )
         self._adopt(handle)
 
     def _adopt(self, handle: _native.EtcdStoreHandle) -> None:

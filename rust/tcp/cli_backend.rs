@@ -5,7 +5,10 @@
 //! an `EtcdStore` under `PREFIX/`, so the server holds nothing of its own: one that is killed
 //! and started again, or a second one beside it, serves every key clients were answered about.
 //! Login and TLS come from the `--etcd-*` flags (the password from a file or
-//! `FERRODIST_ETCD_PASSWORD`, never the command line, which `ps` shows to every user).
+//! `FERRODIST_ETCD_PASSWORD`, never the command line, which `ps` shows to every user: a
+//! `--etcd-password` or a `user:password@` in the URL is refused with a message that says where
+//! it goes instead, and that does not repeat it). A user name needs a password, and the two go
+//! only over TLS unless `--etcd-insecure-plaintext-credentials` says otherwise.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -13,11 +16,10 @@ use std::time::Duration;
 use clap::Args;
 
 use crate::error::{Error, Result};
-use crate::store::etcd::TlsFiles;
+use crate::store::etcd::credentials::Redacted;
+pub use crate::store::etcd::credentials::PASSWORD_ENV;
+use crate::store::etcd::{Credentials, PasswordSource, TlsFiles};
 use crate::store::EtcdOptions;
-
-/// Where the password of `--etcd-username` comes from when no file is given.
-pub const PASSWORD_ENV: &str = "FERRODIST_ETCD_PASSWORD";
 
 /// The `--backend` flag and the etcd options that go with it.
 #[derive(Debug, Clone, Args)]
@@ -29,12 +31,23 @@ pub struct BackendArgs {
     /// etcd: deadline of each etcd call in seconds (waits have none: clients bound them).
     #[arg(long, default_value_t = 30.0, value_name = "SECONDS")]
     pub etcd_timeout: f64,
-    /// etcd: user name, for clusters with auth enabled.
+    /// etcd: user name, for clusters with auth enabled. Needs a password
+    /// (`--etcd-password-file` or `FERRODIST_ETCD_PASSWORD`) and TLS (`--etcd-ca-file`, or
+    /// `--etcd-insecure-plaintext-credentials`).
     #[arg(long)]
     pub etcd_username: Option<String>,
     /// etcd: file holding the password of `--etcd-username` (else `FERRODIST_ETCD_PASSWORD`).
+    /// There is no `--etcd-password`: the command line is readable by every user of the host.
     #[arg(long, value_name = "FILE", requires = "etcd_username")]
     pub etcd_password_file: Option<PathBuf>,
+    /// Refused: a password on the command line (see `--etcd-password-file`). Taken only to say
+    /// so; its value is never shown.
+    #[arg(long, hide = true, value_name = "REFUSED", num_args = 0..=1)]
+    pub etcd_password: Option<Option<Redacted>>,
+    /// etcd: send the user name and password over plain http (no TLS), where anyone on the
+    /// path can read them. Without it, credentials with a non-TLS endpoint are refused.
+    #[arg(long, requires = "etcd_username")]
+    pub etcd_insecure_plaintext_credentials: bool,
     /// etcd: CA bundle (PEM) that signed the members' certificates; turns on TLS.
     #[arg(long, value_name = "FILE")]
     pub etcd_ca_file: Option<PathBuf>,
@@ -49,20 +62,34 @@ pub struct BackendArgs {
     pub etcd_tls_domain: Option<String>,
 }
 
+/// `url` as it may be shown: everything before its last `@` replaced (the user info runs to
+/// the last `@`, so a password with an unescaped `/` in it is hidden too).
+fn shown(url: &str) -> String {
+    let start = url.find("://").map_or(0, |i| i + 3);
+    match url[start..].rfind('@') {
+        None => url.to_owned(),
+        Some(at) => format!("{}<redacted>@{}", &url[..start], &url[start + at + 1..]),
+    }
+}
+
 /// `(endpoints, prefix)` of an `etcd://` URL.
 pub fn parse_etcd_url(url: &str) -> Result<(Vec<String>, String)> {
     let bad = |why: &str| {
         Error::InvalidArgument(format!(
-            "--backend {url:?}: {why} (want etcd://HOST:PORT[,HOST:PORT...]/PREFIX)"
+            "--backend {:?}: {why} (want etcd://HOST:PORT[,HOST:PORT...]/PREFIX)",
+            shown(url)
         ))
     };
     let rest = url
         .strip_prefix("etcd://")
         .ok_or_else(|| bad("not memory nor an etcd:// URL"))?;
-    let (hosts, prefix) = rest.split_once('/').ok_or_else(|| bad("no /PREFIX"))?;
-    if hosts.contains('@') {
-        return Err(bad("give the user with --etcd-username, not in the URL"));
+    if rest.contains('@') {
+        return Err(bad(
+            "no user or password in the URL: give the user with --etcd-username and the \
+             password with --etcd-password-file or FERRODIST_ETCD_PASSWORD",
+        ));
     }
+    let (hosts, prefix) = rest.split_once('/').ok_or_else(|| bad("no /PREFIX"))?;
     let endpoints: Vec<String> = hosts.split(',').map(|h| h.trim().to_owned()).collect();
     if endpoints.iter().any(String::is_empty) {
         return Err(bad("an empty endpoint"));
@@ -77,6 +104,13 @@ pub fn parse_etcd_url(url: &str) -> Result<(Vec<String>, String)> {
 impl BackendArgs {
     /// The etcd cluster these flags name (its files read), or `None` for `memory`.
     pub fn etcd_options(&self) -> Result<Option<EtcdOptions>> {
+        if self.etcd_password.is_some() {
+            return Err(Error::InvalidArgument(format!(
+                "--etcd-password is refused: the command line is readable by every user of \
+                 the host (ps); put the password in a file named by --etcd-password-file, or \
+                 in the environment variable {PASSWORD_ENV}"
+            )));
+        }
         if self.backend == "memory" {
             return Ok(None);
         }
@@ -90,10 +124,12 @@ impl BackendArgs {
                     self.etcd_timeout
                 ))
             })?;
-        let user = match &self.etcd_username {
-            None => None,
-            Some(name) => Some((name.clone(), self.password()?)),
+        let source = PasswordSource {
+            value: None,
+            file: self.etcd_password_file.clone(),
         };
+        let user = Credentials::resolve(self.etcd_username.clone(), source)?
+            .map(|c| c.with_insecure_plaintext(self.etcd_insecure_plaintext_credentials));
         let tls_asked = self.etcd_ca_file.is_some()
             || self.etcd_cert_file.is_some()
             || self.etcd_tls_domain.is_some();
@@ -110,20 +146,6 @@ impl BackendArgs {
             user,
             tls,
         }))
-    }
-
-    fn password(&self) -> Result<String> {
-        match &self.etcd_password_file {
-            Some(path) => std::fs::read_to_string(path)
-                .map(|p| p.trim_end_matches(['\r', '\n']).to_owned())
-                .map_err(|err| {
-                    Error::InvalidArgument(format!(
-                        "--etcd-password-file {}: {err}",
-                        path.display()
-                    ))
-                }),
-            None => Ok(std::env::var(PASSWORD_ENV).unwrap_or_default()),
-        }
     }
 }
 
@@ -142,10 +164,21 @@ mod tests {
             parse_etcd_url("etcd://a:2379,/p").is_err(),
             "empty endpoint"
         );
+        let err = parse_etcd_url("etcd://u:pw-secret@a:2379/p").unwrap_err();
+        let shown = err.to_string();
+        assert!(shown.contains("--etcd-password-file"), "{shown}");
         assert!(
-            parse_etcd_url("etcd://u:pw@a:2379/p").is_err(),
-            "user in the URL"
+            !shown.contains("pw-secret") && !shown.contains("u:"),
+            "{shown}"
         );
+        for url in [
+            "etcd://u:pw-secret@a:2379",
+            "etcd://u:pw/secret@a:2379/p",
+            "u:secret@a",
+        ] {
+            let err = parse_etcd_url(url).unwrap_err().to_string();
+            assert!(!err.contains("secret"), "{err}");
+        }
         assert!(parse_etcd_url("redis://a/p").is_err());
     }
 }

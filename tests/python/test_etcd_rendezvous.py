@@ -84,10 +84,16 @@ def test_ferrodist_rendezvous_yields_an_etcd_store_once(
 
 def test_etcd_urls_are_read_with_torchs_errors() -> None:
     endpoints, job, kwargs = parse_etcd_url(
-        "etcd://root:p%40ss@h1:2379,h2:2379/job-1?rank=0&ca_file=/ca.pem&world_size=2"
+        "etcd://root@h1:2379,h2:2379/job-1?rank=0&ca_file=/ca.pem&world_size=2"
+        "&password_file=/pw&insecure_plaintext_credentials=0"
     )
     assert endpoints == ["h1:2379", "h2:2379"] and job == "job-1"
-    assert kwargs == {"username": "root", "password": "p@ss", "ca_file": "/ca.pem"}
+    assert kwargs == {
+        "username": "root",
+        "ca_file": "/ca.pem",
+        "password_file": "/pw",
+        "insecure_plaintext_credentials": False,
+    }
     with pytest.raises(ValueError, match="etcd:// rendezvous: a job name is missing"):
         next(ferrodist.rendezvous("etcd://h1:2379", rank=0, world_size=1))
     with pytest.raises(ValueError, match="etcd:// rendezvous: no etcd endpoints"):

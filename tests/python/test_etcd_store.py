@@ -205,15 +205,21 @@ def test_etcd_users_and_passwords(tmp_path: Path) -> None:
         _gateway(cluster, "auth/user/add", {"name": "root", "password": "s3cret"})
         _gateway(cluster, "auth/user/grant", {"user": "root", "role": "root"})
         _gateway(cluster, "auth/enable", {})
-        store = ferrodist.EtcdStore(
-            cluster.endpoints, "auth", timedelta(seconds=5), username="root", password="s3cret"
-        )
+        # Plain http: the credentials go only with the explicit insecure option (and a warning;
+        # test_etcd_secrets.py has the refusals and TLS).
+        plain = {"insecure_plaintext_credentials": True}
+        with pytest.warns(RuntimeWarning, match="without TLS"):
+            store = ferrodist.EtcdStore(
+                cluster.endpoints, "auth", timedelta(seconds=5), username="root", password="s3cret",
+                **plain,
+            )  # fmt: skip
         store.set("k", "v")
         assert store.get("k") == b"v"
         with pytest.raises(ValueError, match="authentication failed"):
             ferrodist.EtcdStore(
-                cluster.endpoints, "auth", timedelta(seconds=5), username="root", password="no"
-            )
+                cluster.endpoints, "auth", timedelta(seconds=5), username="root", password="no",
+                **plain,
+            )  # fmt: skip
         anonymous = ferrodist.EtcdStore(cluster.endpoints, "auth", timedelta(seconds=2))
         with pytest.raises(tdist.DistStoreError):
             anonymous.set("k", "x")

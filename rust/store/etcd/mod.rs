@@ -22,9 +22,13 @@
 //! through elections (`retry.rs`). The async work runs on the process's one runtime; these
 //! methods block the calling thread. A finished job's keys go with [`EtcdStore::purge`].
 //!
+//! Login: `credentials.rs` (a password is never shown, never taken from a command line, and
+//! sent only over TLS unless the caller explicitly allows plain http).
+//!
 //! `served.rs` has the same operations async and on raw wire keys, for `ferrodist-store
 //! --backend etcd://...` (a TCPStore server whose state is this store's).
 
+pub mod credentials;
 mod interruptible;
 mod layout;
 mod options;
@@ -42,6 +46,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use etcd_client::{Client, DeleteOptions, GetOptions, Txn, TxnOp, TxnOpResponse};
 
+pub use credentials::{Credentials, PasswordSource};
 pub use layout::Layout;
 pub use options::{EtcdOptions, TlsFiles};
 

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use etcd_client::{Certificate, Client, ConnectOptions, Identity, TlsOptions};
 
+use super::credentials::{has_userinfo, is_plaintext, Credentials};
 use super::retry::retrying;
 use crate::error::{Error, Result};
 use crate::store::Deadline;
@@ -44,8 +45,9 @@ pub struct EtcdOptions {
     pub prefix: String,
     /// Default timeout of blocking calls, and the deadline of every other call.
     pub timeout: Duration,
-    /// etcd user name and password (etcd's auth), if the cluster has auth enabled.
-    pub user: Option<(String, String)>,
+    /// etcd user name and password (etcd's auth), if the cluster has auth enabled. Sent only
+    /// over TLS unless they say otherwise; `Debug` never shows the password.
+    pub user: Option<Credentials>,
     /// TLS, if the members serve https.
     pub tls: Option<TlsFiles>,
 }
@@ -90,7 +92,40 @@ impl EtcdOptions {
                 "EtcdStore: endpoints must name at least one host:port, and no empty one".into(),
             ));
         }
+        if self.endpoints.iter().any(|e| has_userinfo(e)) {
+            // The endpoint itself is not echoed: its user info may hold a password.
+            return Err(Error::InvalidArgument(
+                "EtcdStore: an endpoint carries user info (user:password@); give the user as \
+                 username and the password in a file or FERRODIST_ETCD_PASSWORD"
+                    .into(),
+            ));
+        }
+        if let Some(plain) = self.plaintext_endpoint() {
+            if !self
+                .user
+                .as_ref()
+                .is_some_and(Credentials::insecure_plaintext)
+            {
+                return Err(Error::InvalidArgument(format!(
+                    "EtcdStore: refusing to send the etcd user name and password without TLS \
+                     (endpoint {plain} is plain http): give ca_file (and https endpoints), or \
+                     allow it explicitly with insecure_plaintext_credentials=1 \
+                     (ferrodist-store: --etcd-insecure-plaintext-credentials)"
+                )));
+            }
+        }
         Ok(())
+    }
+
+    /// The first endpoint that credentials would reach over plain HTTP/2, if there are
+    /// credentials at all.
+    pub fn plaintext_endpoint(&self) -> Option<&str> {
+        self.user.as_ref()?;
+        let tls = self.tls.is_some();
+        self.endpoints
+            .iter()
+            .map(|e| e.trim())
+            .find(|e| is_plaintext(e, tls))
     }
 
     /// A client of the cluster, connected (and logged in) before `deadline`.
@@ -101,8 +136,15 @@ impl EtcdOptions {
             .with_keep_alive_while_idle(true)
             .with_connect_timeout(CONNECT_LIMIT)
             .with_require_leader(true);
-        if let Some((name, password)) = &self.user {
-            options = options.with_user(name.clone(), password.clone());
+        if let Some(credentials) = &self.user {
+            if let Some(plain) = self.plaintext_endpoint() {
+                tracing::warn!(
+                    user = credentials.user(),
+                    endpoint = plain,
+                    "sending etcd credentials without TLS (insecure_plaintext_credentials)"
+                );
+            }
+            options = options.with_user(credentials.user(), credentials.password());
         }
         if let Some(files) = &self.tls {
             options = options.with_tls(tls_options(files)?);
