@@ -6,7 +6,8 @@
 //!
 //! How torch's semantics map onto etcd (`layout.rs` has the key names):
 //!
-//! * `set`, `multi_set`: puts (`multi_set` as transactions, so each batch lands at once).
+//! * `set`, `multi_set`: puts (`multi_set` as transactions, so each batch lands at once; a key
+//!   given twice keeps its last value, as in torch's stores, since etcd refuses it twice in one).
 //! * `add`, `compare_set`, `append`, `delete_key`, queue push and pop: one compare-and-swap
 //!   transaction each, exactly once even across lost replies (`rmw.rs`).
 //! * `get`, `wait`, `multi_get`, blocking `queue_pop`: a read, then a watch from that read's

@@ -211,12 +211,16 @@ impl EtcdStore {
         Ok(out)
     }
 
-    /// MULTI_SET: in order, each batch of `MAX_TXN_OPS` pairs in one transaction.
+    /// MULTI_SET: each key's last value, as torch's stores (which apply the pairs in order)
+    /// leave it; etcd refuses a key twice in one transaction, so a key given again is written
+    /// once, with its last value, at its last place. Each batch of `MAX_TXN_OPS` distinct keys
+    /// is one transaction.
     pub async fn wire_multi_set(&self, pairs: &[(Bytes, Bytes)]) -> Result<()> {
-        for chunk in pairs.chunks(MAX_TXN_OPS) {
+        let writes = last_writes(pairs.iter().map(|(k, v)| (self.layout.value(k), v)));
+        for chunk in writes.chunks(MAX_TXN_OPS) {
             let puts: Vec<TxnOp> = chunk
                 .iter()
-                .map(|(k, v)| TxnOp::put(self.layout.value(k), v.to_vec(), None))
+                .map(|(k, v)| TxnOp::put(k.clone(), v.to_vec(), None))
                 .collect();
             self.call_async("multi_set", |mut kv| {
                 let txn = Txn::new().and_then(puts.clone());
@@ -328,6 +332,24 @@ impl EtcdStore {
             tokio::time::sleep(RETRY_PAUSE).await;
         }
     }
+}
+
+/// The pairs without the ones a later pair of the same key overwrites, in order: what applying
+/// every pair in order leaves, one write per key.
+fn last_writes<K: Eq + std::hash::Hash, V>(pairs: impl Iterator<Item = (K, V)>) -> Vec<(K, V)> {
+    let pairs: Vec<(K, V)> = pairs.collect();
+    let mut last = std::collections::HashMap::with_capacity(pairs.len());
+    for (i, (key, _)) in pairs.iter().enumerate() {
+        last.insert(key, i);
+    }
+    let keep: Vec<bool> = (0..pairs.len())
+        .map(|i| last.get(&pairs[i].0) == Some(&i))
+        .collect();
+    pairs
+        .into_iter()
+        .zip(keep)
+        .filter_map(|(pair, kept)| kept.then_some(pair))
+        .collect()
 }
 
 /// Whether `err` is the client's fault (a request the server refuses and closes the
