@@ -13,7 +13,8 @@
 //!   (torch's differences between them are a [`store::db::Policy`]); [`store::waiters`], its
 //!   wait registry; the in-process stores: [`store::HashStore`], `FileStore` (torch's on-disk
 //!   format), `PrefixStore`; [`store::etcd`], `EtcdStore` on an etcd cluster (v3 API:
-//!   transactions, watches).
+//!   transactions, watches); [`store::foreign`], a store over one ferrodist did not build
+//!   (torch's, a user's), with each call's own deadline.
 //! * [`tcp`]: torch's TCPStore wire protocol (codec), the tokio server behind `ferrodist-store`
 //!   and the in-process master (with optional token auth, a connection cap and Prometheus
 //!   metrics), and the client.

@@ -11,6 +11,9 @@ What is better than torch:
 * the ``timeout`` covers the whole call, sends included (torch applies it to each store
   operation, by changing the timeout of the shared store object): a send whose write the store
   has not taken in time raises :class:`ferrodist.StoreTimeoutError`;
+* over any store: a torch ``TCPStore`` whose own timeout is longer does not stretch it (a
+  receive is the store's ``wait`` with the time left, then its ``get``), and each wait is one
+  call of the store's ``wait``, not slices of it (torch's client logs a warning per slice);
 * a gather waits once for all keys and reads them with one ``multi_get``;
 * a timeout raises :class:`ferrodist.StoreTimeoutError` (a ``torch.distributed.DistStoreError``,
   so also a ``RuntimeError``) with torch's text, ``barrier failed -- missing ranks: 0, 2, ...``,

@@ -1,71 +1,47 @@
-//! A core [`Store`] over any Python store object (torch's `TCPStore`, `FileStore`, a user's
-//! subclass), so core algorithms (PrefixStore, control collectives) run over stores ferrodist
-//! did not build.
+//! The calls of a Python store object (torch's `TCPStore`, `FileStore`, a user's subclass) for
+//! the core's [`ForeignStore`], which gives them deadlines and decides what is a timeout.
 //!
-//! Each call takes the GIL, calls the Python method and converts the result; Python exceptions
-//! come back as the core error a native store would have raised, decided by exception class,
-//! never by searching the message:
+//! Each call takes the GIL, calls the Python method and converts the result; a Python
+//! exception becomes a core error by its class, never by its message:
 //!
 //! * an interruption (`KeyboardInterrupt`, `SystemExit`: not an `Exception`) is parked and
 //!   raised again unchanged when the call returns to Python;
 //! * torch's `QueueEmptyError`, `NotImplementedError` (or a missing method),
 //!   `DistNetworkError`, `TimeoutError` and `ValueError` map onto the matching core error, in
 //!   that order;
-//! * any other `RuntimeError` from a call that waits (get, wait, multi_get, a blocking
-//!   queue_pop, barrier) is a timeout if, and only if, the call's timeout had passed when it
-//!   raised. torch's stores raise their timeouts in that family (HashStore's and TCPStore's
-//!   are `DistStoreError`, FileStore's `get` a plain `RuntimeError`), but also real failures
-//!   (a store file that became a directory), so the class alone cannot tell them apart while
-//!   the clock can, whatever the message says; everything else is a store error.
+//! * any other exception is [`Error::Store`], a failure its class does not name (the core
+//!   tells a timeout among them by the clock).
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use pyo3::exceptions::{
-    PyAttributeError, PyException, PyNotImplementedError, PyRuntimeError, PyTimeoutError,
-    PyValueError,
+    PyAttributeError, PyException, PyNotImplementedError, PyTimeoutError, PyValueError,
 };
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList};
 
 use super::store::PyNativeStore;
 use crate::error::{Error, Result};
-use crate::store::Store;
+use crate::store::foreign::{ForeignCalls, ForeignStore};
 
-/// A core store that forwards every call to a Python `torch.distributed.Store`.
-pub struct ForeignStore {
+/// A Python `torch.distributed.Store`'s methods as [`ForeignCalls`].
+pub struct PyStoreCalls {
     object: Py<PyAny>,
 }
 
-impl ForeignStore {
-    /// Wraps a Python store object.
-    pub fn new(object: Py<PyAny>) -> Self {
-        ForeignStore { object }
-    }
-
-    /// Calls the Python store; `waits` says how long the call may block, which decides whether
-    /// a `RuntimeError` it raises is a timeout (see the module doc).
+impl PyStoreCalls {
+    /// Calls the Python store and converts the result, mapping an exception by class.
     fn call<T>(
         &self,
         op: &str,
-        waits: Waits,
         call: impl for<'py> FnOnce(&Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>>,
         convert: impl for<'py> FnOnce(&Bound<'py, PyAny>) -> PyResult<T>,
     ) -> Result<T> {
         Python::attach(|py| {
-            let object = self.object.bind(py);
-            let started = Instant::now();
-            call(object)
+            call(self.object.bind(py))
                 .and_then(|result| convert(&result))
-                .map_err(|err| {
-                    let timeout = match waits {
-                        Waits::No => None,
-                        Waits::For(timeout) => Some(timeout),
-                        Waits::StoreTimeout => Some(store_timeout(object)),
-                    };
-                    let passed = timeout.filter(|&t| started.elapsed() + TIMEOUT_SLACK >= t);
-                    from_python(py, op, err, passed)
-                })
+                .map_err(|err| from_python(py, op, err))
         })
     }
 
@@ -74,39 +50,17 @@ impl ForeignStore {
         op: &str,
         call: impl for<'py> FnOnce(&Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>>,
     ) -> Result<()> {
-        self.call(op, Waits::No, call, |_| Ok(()))
+        self.call(op, call, |_| Ok(()))
     }
-}
-
-/// How long a foreign call may block before it fails with a timeout.
-#[derive(Clone, Copy)]
-enum Waits {
-    /// Not at all (set, add, check, ...).
-    No,
-    /// Up to this timeout.
-    For(Duration),
-    /// Up to the store's own timeout, read only if the call fails.
-    StoreTimeout,
-}
-
-/// How much earlier than its timeout a failed wait still counts as timed out: torch's TCPStore
-/// waits whole milliseconds, and the clocks of two languages are read at different moments.
-const TIMEOUT_SLACK: Duration = Duration::from_millis(5);
-
-fn store_timeout(object: &Bound<'_, PyAny>) -> Duration {
-    object
-        .getattr("timeout")
-        .and_then(|t| t.extract())
-        .unwrap_or(crate::store::DEFAULT_TIMEOUT)
 }
 
 fn to_bytes(value: &Bound<'_, PyAny>) -> PyResult<Vec<u8>> {
     Ok(value.cast::<PyBytes>()?.as_bytes().to_vec())
 }
 
-/// Maps a Python exception from a foreign store onto the core error a native store would give
-/// (see the module doc); `passed` is the timeout of a waiting call that failed after it.
-fn from_python(py: Python<'_>, op: &str, err: PyErr, passed: Option<Duration>) -> Error {
+/// Maps a Python exception from a foreign store onto a core error by its class (see the
+/// module doc).
+fn from_python(py: Python<'_>, op: &str, err: PyErr) -> Error {
     let value = err.value(py);
     if !value.is_instance_of::<PyException>() {
         super::errors::park(err);
@@ -125,15 +79,12 @@ fn from_python(py: Python<'_>, op: &str, err: PyErr, passed: Option<Duration>) -
     {
         Error::NotImplemented(message)
     } else if is_torch("DistNetworkError") {
-        // Before the clock: a connection that broke as the wait ran out is still a network
-        // failure.
+        // Before the clock: a connection that broke as a wait ran out stays a network failure.
         Error::Network(message)
-    } else if value.is_instance_of::<PyTimeoutError>()
-        || (passed.is_some() && value.is_instance_of::<PyRuntimeError>())
-    {
+    } else if value.is_instance_of::<PyTimeoutError>() {
         Error::Timeout {
             op: op.to_string(),
-            after: passed.unwrap_or_default(),
+            after: Duration::ZERO,
             detail: message,
         }
     } else if value.is_instance_of::<PyValueError>() {
@@ -143,32 +94,20 @@ fn from_python(py: Python<'_>, op: &str, err: PyErr, passed: Option<Duration>) -
     }
 }
 
-impl Store for ForeignStore {
+impl ForeignCalls for PyStoreCalls {
     fn set(&self, key: &str, value: &[u8]) -> Result<()> {
         self.call_unit("set", |o| {
             o.call_method1("set", (key, PyBytes::new(o.py(), value)))
         })
     }
 
-    /// The store's own `get`, which waits by its own timeout (as torch's PrefixStore forwards
-    /// it): a user's store need not implement `wait` for `get` to work.
-    fn get_timeout(&self, key: &str, _timeout: Duration) -> Result<Vec<u8>> {
-        self.get(key)
-    }
-
     fn get(&self, key: &str) -> Result<Vec<u8>> {
-        self.call(
-            "get",
-            Waits::StoreTimeout,
-            |o| o.call_method1("get", (key,)),
-            to_bytes,
-        )
+        self.call("get", |o| o.call_method1("get", (key,)), to_bytes)
     }
 
     fn add(&self, key: &str, amount: i64) -> Result<i64> {
         self.call(
             "add",
-            Waits::No,
             |o| o.call_method1("add", (key, amount)),
             |r| r.extract(),
         )
@@ -177,7 +116,6 @@ impl Store for ForeignStore {
     fn compare_set(&self, key: &str, expected: &[u8], desired: &[u8]) -> Result<Vec<u8>> {
         self.call(
             "compare_set",
-            Waits::No,
             |o| {
                 let py = o.py();
                 o.call_method1(
@@ -192,95 +130,53 @@ impl Store for ForeignStore {
     fn check(&self, keys: &[String]) -> Result<bool> {
         self.call(
             "check",
-            Waits::No,
             |o| o.call_method1("check", (keys.to_vec(),)),
             |r| r.extract(),
         )
     }
 
     fn wait(&self, keys: &[String], timeout: Option<Duration>) -> Result<()> {
-        let unit = |_: &Bound<'_, PyAny>| Ok(());
-        let result = match timeout {
-            Some(t) => self.call(
-                "wait",
-                Waits::For(t),
-                |o| o.call_method1("wait", (keys.to_vec(), t)),
-                unit,
-            ),
-            None => self.call(
-                "wait",
-                Waits::StoreTimeout,
-                |o| o.call_method1("wait", (keys.to_vec(),)),
-                unit,
-            ),
-        };
-        result.map_err(|err| match err {
-            Error::Timeout { .. } => {
-                Error::wait_timeout("wait", timeout.unwrap_or_else(|| self.timeout()), keys)
-            }
-            other => other,
+        self.call_unit("wait", |o| match timeout {
+            Some(t) => o.call_method1("wait", (keys.to_vec(), t)),
+            None => o.call_method1("wait", (keys.to_vec(),)),
         })
     }
 
     fn delete_key(&self, key: &str) -> Result<bool> {
         self.call(
             "delete_key",
-            Waits::No,
             |o| o.call_method1("delete_key", (key,)),
             |r| r.extract(),
         )
     }
 
     fn num_keys(&self) -> Result<i64> {
-        self.call(
-            "num_keys",
-            Waits::No,
-            |o| o.call_method0("num_keys"),
-            |r| r.extract(),
-        )
+        self.call("num_keys", |o| o.call_method0("num_keys"), |r| r.extract())
     }
 
-    fn timeout(&self) -> Duration {
-        self.call(
-            "timeout",
-            Waits::No,
-            |o| o.getattr("timeout"),
-            |r| r.extract(),
-        )
-        .unwrap_or(crate::store::DEFAULT_TIMEOUT)
+    fn timeout(&self) -> Result<Duration> {
+        self.call("timeout", |o| o.getattr("timeout"), |r| r.extract())
     }
 
-    fn set_timeout(&self, timeout: Duration) {
-        // A store that refuses a new timeout keeps its old one; there is no error to report.
-        let _ = self.call_unit("set_timeout", |o| o.call_method1("set_timeout", (timeout,)));
+    fn set_timeout(&self, timeout: Duration) -> Result<()> {
+        self.call_unit("set_timeout", |o| o.call_method1("set_timeout", (timeout,)))
     }
 
-    fn clone_store(&self) -> Result<Arc<dyn Store>> {
+    fn clone_calls(&self) -> Result<Box<dyn ForeignCalls>> {
         let object = self.call(
             "clone",
-            Waits::No,
             |o| o.call_method0("clone"),
             |r| Ok(r.clone().unbind()),
         )?;
-        Ok(Arc::new(ForeignStore::new(object)))
+        Ok(Box::new(PyStoreCalls { object }))
     }
 
-    fn has_extended_api(&self) -> bool {
+    fn has_extended_api(&self) -> Result<bool> {
         self.call(
             "has_extended_api",
-            Waits::No,
             |o| o.call_method0("has_extended_api"),
             |r| r.extract(),
         )
-        .unwrap_or(false)
-    }
-
-    fn interruptible_waits(&self) -> bool {
-        false
-    }
-
-    fn bounds_writes(&self) -> bool {
-        false
     }
 
     fn append(&self, key: &str, value: &[u8]) -> Result<()> {
@@ -292,7 +188,6 @@ impl Store for ForeignStore {
     fn multi_get(&self, keys: &[String]) -> Result<Vec<Vec<u8>>> {
         self.call(
             "multi_get",
-            Waits::StoreTimeout,
             |o| o.call_method1("multi_get", (keys.to_vec(),)),
             |r| r.try_iter()?.map(|v| to_bytes(&v?)).collect(),
         )
@@ -315,11 +210,6 @@ impl Store for ForeignStore {
     fn queue_pop(&self, key: &str, block: bool) -> Result<Vec<u8>> {
         self.call(
             "queue_pop",
-            if block {
-                Waits::StoreTimeout
-            } else {
-                Waits::No
-            },
             |o| o.call_method1("queue_pop", (key, block)),
             to_bytes,
         )
@@ -328,7 +218,6 @@ impl Store for ForeignStore {
     fn queue_len(&self, key: &str) -> Result<i64> {
         self.call(
             "queue_len",
-            Waits::No,
             |o| o.call_method1("queue_len", (key,)),
             |r| r.extract(),
         )
@@ -337,25 +226,21 @@ impl Store for ForeignStore {
     fn list_keys(&self) -> Result<Vec<String>> {
         self.call(
             "list_keys",
-            Waits::No,
             |o| o.call_method0("list_keys"),
             |r| r.extract(),
         )
     }
 
-    fn barrier(&self, key: &str, world_size: i64, timeout: Option<Duration>) -> Result<()> {
-        let timeout = timeout.unwrap_or_else(|| self.timeout());
-        self.call(
-            "barrier",
-            Waits::For(timeout),
-            |o| o.call_method1("barrier", (key, world_size, timeout)),
-            |_| Ok(()),
-        )
+    fn barrier(&self, key: &str, world_size: i64, timeout: Duration) -> Result<()> {
+        self.call_unit("barrier", |o| {
+            o.call_method1("barrier", (key, world_size, timeout))
+        })
     }
 }
 
 /// Wraps any Python store (torch's or a user's) as a native store handle.
 #[pyfunction]
 pub fn wrap_store(store: Py<PyAny>) -> PyNativeStore {
-    PyNativeStore::new(Arc::new(ForeignStore::new(store)))
+    let calls = Box::new(PyStoreCalls { object: store });
+    PyNativeStore::new(Arc::new(ForeignStore::new(calls)))
 }

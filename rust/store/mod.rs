@@ -21,6 +21,8 @@ pub mod file;
 mod file_lock;
 pub mod file_log;
 pub mod prefix;
+// --- stores ferrodist did not build ---
+pub mod foreign;
 // --- etcd store ---
 pub mod etcd;
 
