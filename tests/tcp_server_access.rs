@@ -401,3 +401,33 @@ fn stock_clients_are_served_without_a_token_only_from_the_networks_admitted() {
     stream.write_all(&frames(&[Request::GetNumKeys])).unwrap();
     assert_eq!(read_n(&stream, 8), 0i64.to_le_bytes(), "served");
 }
+
+#[test]
+fn garbage_or_oversize_answers_are_refused_and_a_silent_client_is_closed_at_the_deadline() {
+    let server = start_server_with(ServerConfig {
+        host: "127.0.0.1".into(),
+        auth_token: Some(token(SECRET)),
+        validate_within: Duration::from_millis(500),
+        ..ServerConfig::default()
+    });
+    // 200 bytes of junk where the 64-byte answer belongs: refused on its first 64, then closed.
+    let (mut junk, _) = challenged(&server);
+    junk.write_all(&[0xAB; 200]).unwrap();
+    assert_eq!(read_n(&junk, 1), [REFUSED]);
+    assert!(is_closed(&junk));
+    // Half an answer, then nothing: closed by the handshake deadline, never admitted.
+    let (mut silent, challenge) = challenged(&server);
+    silent
+        .write_all(&answer(&challenge, &auth::challenge().unwrap())[..40])
+        .unwrap();
+    let started = Instant::now();
+    assert!(is_closed(&silent));
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    eventually("both connections closed on the server", || {
+        server.metrics().open_connections() == 0
+    });
+}
