@@ -91,7 +91,9 @@ class TCPStore(_NativeBackedStore):
         is_master: host the server in this process.
         timeout: default timeout of blocking calls (``get``, ``wait``, ...) and of connecting.
         wait_for_workers: with ``world_size``, the master waits until that many stores joined.
-        multi_tenant: masters of this process on the same port share one server.
+        multi_tenant: masters of this process on the same port share one server; they must
+            ask for the same server configuration (``auth_token``,
+            ``allow_unauthenticated_torch_clients``, ``metrics_addr``, limits).
         master_listen_fd: an already bound socket for the master to listen on.
         use_libuv: kept for torch compatibility; ``False`` refuses queue operations, as
             torch's legacy backend does.
@@ -106,7 +108,9 @@ class TCPStore(_NativeBackedStore):
         DistNetworkError: the server could not be reached before ``timeout``, or binding failed.
         DistStoreError: the master timed out waiting for ``world_size`` workers.
         AuthenticationError: the server requires a token and this store has none, or another.
-        ValueError: ``world_size`` is 0.
+        ValueError: ``world_size`` is 0, or a ``multi_tenant`` master asks for another server
+            configuration than the one this process already runs on that port (the message
+            names what differs, never a token).
 
     Example::
 

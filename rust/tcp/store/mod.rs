@@ -10,7 +10,8 @@
 //!
 //! A master hosts the server in its own process, on the runtime (no thread of its own), and
 //! counts workers by waiting on the server's state directly rather than polling it. With
-//! `multi_tenant`, masters in one process asking for the same port share one server.
+//! `multi_tenant`, masters in one process asking for the same port share one server, and
+//! must ask for the same server configuration (`tenants.rs`).
 //!
 //! After a connection breaks (server restarted, call abandoned at its deadline), the next call
 //! makes one reconnect attempt before failing, so a store survives a restarted server.
@@ -21,10 +22,10 @@
 //!
 //! * `mod.rs`: construction, hosting, the connection per call; `ops.rs`: each [`Store`] method
 //!   as torch's wire sequence; `barrier.rs`: `barrier` on servers with and without BARRIER
-//!   (torch < 2.13 closes the connection on it).
+//!   (torch < 2.13 closes the connection on it); `tenants.rs`: the servers this process hosts
+//!   and the configuration each runs with.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -36,6 +37,8 @@ use crate::tcp::client::conn_pool::ConnPool;
 use crate::tcp::client::Client;
 use crate::tcp::codec::{Limits, Reply, Request};
 use crate::tcp::server::{self, Server, ServerConfig};
+
+use self::tenants::{HostedConfig, Tenants};
 
 /// Extra time a wait's call gets beyond the wait itself, for cancelling an earlier wait.
 const CANCEL_GRACE: Duration = Duration::from_secs(10);
@@ -58,7 +61,9 @@ pub struct TcpStoreOptions {
     pub timeout: Duration,
     /// Count workers: every store adds 1 to `init/`; the master waits for `world_size`.
     pub wait_for_workers: bool,
-    /// Share one server among masters of this process on the same (non-zero) port.
+    /// Share one server among masters of this process on the same (non-zero) port; a master
+    /// that asks for another server configuration (token, limits, torch clients, metrics
+    /// address) than the running one gets [`Error::InvalidArgument`] naming what differs.
     pub multi_tenant: bool,
     /// Serve on this already bound socket instead of binding (duplicated, not taken).
     pub master_listen_fd: Option<i32>,
@@ -94,19 +99,9 @@ impl Default for TcpStoreOptions {
     }
 }
 
-/// Servers of this process by port, for `multi_tenant` masters.
-fn tenants() -> &'static Mutex<HashMap<u16, Weak<Server>>> {
-    static TENANTS: OnceLock<Mutex<HashMap<u16, Weak<Server>>>> = OnceLock::new();
-    TENANTS.get_or_init(Default::default)
-}
-
 /// True when a server of this process that multi-tenant masters share listens on `port`.
 pub fn serves_port(port: u16) -> bool {
-    let tenants = tenants().lock().unwrap_or_else(|p| p.into_inner());
-    tenants
-        .get(&port)
-        .and_then(Weak::upgrade)
-        .is_some_and(|server| !server.is_stopped())
+    Tenants::lock().live(port).is_some()
 }
 
 /// A blocking, torch-compatible TCP store client (and, for a master, its server).
@@ -153,7 +148,11 @@ impl TcpStore {
         let (server, started) = if options.is_master {
             match host_server(&options) {
                 Ok(hosted) => hosted,
-                Err(err) if agent_serves(options.port) => {
+                // A configuration that differs from this process's own server is the
+                // caller's mistake, not a port the agent holds.
+                Err(err)
+                    if !matches!(err, Error::InvalidArgument(_)) && agent_serves(options.port) =>
+                {
                     // As torch: under torchelastic the agent already serves this port.
                     tracing::warn!(%err, port = options.port,
                         "TORCHELASTIC_USE_AGENT_STORE is set and the agent serves MASTER_PORT: \
@@ -325,13 +324,10 @@ fn agent_serves(port: u16) -> bool {
 }
 
 fn host_server(options: &TcpStoreOptions) -> Result<(Option<Arc<Server>>, bool)> {
-    let mut tenants = tenants().lock().unwrap_or_else(|p| p.into_inner());
+    let mut tenants = Tenants::lock();
+    let asked = HostedConfig::of(options);
     if options.multi_tenant && options.port != 0 {
-        let live = tenants
-            .get(&options.port)
-            .and_then(Weak::upgrade)
-            .filter(|server| !server.is_stopped());
-        if let Some(server) = live {
+        if let Some(server) = tenants.join(options.port, &asked)? {
             return Ok((Some(server), false));
         }
     }
@@ -350,8 +346,7 @@ fn host_server(options: &TcpStoreOptions) -> Result<(Option<Arc<Server>>, bool)>
         None => server::bind(&config)?,
     };
     let server = Arc::new(Server::serve(listener, &config)?);
-    tenants.retain(|_, weak| weak.strong_count() > 0);
-    tenants.insert(server.local_addr().port(), Arc::downgrade(&server));
+    tenants.register(&server, asked);
     Ok((Some(server), true))
 }
 
@@ -365,3 +360,5 @@ fn expect_value(reply: Option<Reply>) -> Result<Vec<u8>> {
 mod ops;
 
 mod barrier;
+
+mod tenants;
