@@ -17,12 +17,14 @@ What is better than torch, at no cost to compatibility:
 Access control and metrics (ferrodist's own keywords, after torch's arguments):
 
 * ``auth_token``: a master's server admits only clients that prove they hold this token (by
-  an HMAC of a fresh challenge; the token never travels), and every store proves it to a
-  server that asks. ``None`` takes ``FERRODIST_STORE_TOKEN``, or the file that
-  ``FERRODIST_STORE_TOKEN_FILE`` names, when set. Without a token the store still works against
-  any server that does not ask for one (torch's included). A refused client raises
+  an HMAC of a fresh challenge; the token never travels), and a store with a token sends
+  nothing to a server that does not prove the same token in turn (one without a token, torch's,
+  an impostor). ``None`` takes ``FERRODIST_STORE_TOKEN``, or the file that
+  ``FERRODIST_STORE_TOKEN_FILE`` names, when set. Without a token the store works against any
+  server that does not ask for one (torch's included). A refused client raises
   ``AuthenticationError`` at once. ``allow_unauthenticated_torch_clients=True`` lets a master's
-  server with a token still serve stock torch clients (which cannot present one).
+  server with a token still serve stock torch clients (which cannot present one) from loopback
+  only (``ferrodist-store --torch-clients-from`` names other networks).
 * ``metrics()`` on the master returns its server's metrics in Prometheus' text format, and
   ``metrics_addr="host:port"`` (or ``FERRODIST_STORE_METRICS_ADDR``) serves them on
   ``GET /metrics``, with ``GET /healthz`` beside it.
@@ -100,7 +102,7 @@ class TCPStore(_NativeBackedStore):
         auth_token: the store's shared secret (see the module doc); ``None`` takes
             ``FERRODIST_STORE_TOKEN`` or ``FERRODIST_STORE_TOKEN_FILE``.
         allow_unauthenticated_torch_clients: a master with a token still serves stock torch
-            clients.
+            clients, from loopback only; they read and write every key.
         metrics_addr: ``host:port`` where a master serves ``/metrics`` and ``/healthz``;
             ``None`` takes ``FERRODIST_STORE_METRICS_ADDR``.
 
