@@ -36,7 +36,8 @@
 //!   deadline and the log budget; it serves [`crate::store::db`].
 //! * `client/`: the protocol sequences of one connection, its socket, the handshake for servers
 //!   without PING, and a store's pool of connections.
-//! * `store/`: the Store facade over the client (`ops.rs`: each method; `barrier.rs`).
+//! * `store/`: the Store facade over the client (`ops.rs`: each method; `barrier.rs`;
+//!   `tenants.rs`: the servers masters host, one configuration each).
 //! * `auth.rs`: the token and its proof, shared by client and server.
 //! * `cli.rs`: the `ferrodist-store` command line (`cli_backend.rs`: its `--backend` and
 //!   `--etcd-*` flags); `signals.rs`: its SIGINT/SIGTERM.
