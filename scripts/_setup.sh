@@ -14,7 +14,7 @@
 # `pip install .`), so no system protoc is needed.
 # A build that has work to do says so and shows cargo's lines as it goes (a first build compiles
 # every dependency twice, once per profile: minutes); a no-op build prints nothing. A failed
-# build stops the script.
+# build stops the script, and so does an extension file that this build did not write.
 # Nothing is installed into the venv: `pip install .` does that (README, Install).
 set -euo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -43,7 +43,9 @@ if [ ! -f "$stamp" ]; then
 fi
 
 export VIRTUAL_ENV=$VENV
-export PATH=$VENV/bin:$REPO/target/release:$PATH
+# This checkout's ferrodist-store first: a venv (shared by several checkouts) may hold an older
+# one from a `pip install .`, which the tests would otherwise run in its place.
+export PATH=$REPO/target/release:$VENV/bin:$PATH
 
 if [ -z "${PROTOC:-}" ]; then
   protoc_helper=$REPO/rust/protoc/Cargo.toml
@@ -75,9 +77,25 @@ if [ -t 2 ]; then color=${CARGO_TERM_COLOR:-always}; fi
 first="(first build: every dependency, about 4 minutes on 2 cores; cargo's lines follow)"
 what="== building the extension (maturin develop, cargo profile \`extension\`)"
 ls "$REPO"/python/ferrodist/_native*.so >/dev/null 2>&1 || what="$what $first"
+# maturin's exit status decides, and every extension file must be its work: maturin develop
+# rewrites the extension on every successful run (a no-op build included), so one older than
+# the moment the build began is stale, whether maturin wrote nothing or an earlier build left
+# it under another name (python imports `_native.cpython-*.so` before `_native.abi3.so`).
+build_began=$(mktemp)
 (cd "$REPO" && CARGO_TERM_COLOR=$color maturin develop --skip-install 2>&1 | _build_output "$what") ||
-  { echo "== building the extension failed (maturin develop, output above)" >&2; exit 1; }
-test -f "$REPO"/python/ferrodist/_native*.so || { echo "maturin built no extension" >&2; exit 1; }
+  { rm -f "$build_began"; echo "== building the extension failed (maturin develop, output above)" >&2; exit 1; }
+written=0
+for so in "$REPO"/python/ferrodist/_native*.so; do
+  [ -e "$so" ] || continue
+  if [ "$so" -ot "$build_began" ]; then
+    rm -f "$build_began"
+    echo "== $so is older than this build: a stale extension maturin did not write; remove it and rerun" >&2
+    exit 1
+  fi
+  written=1
+done
+rm -f "$build_began"
+[ "$written" = 1 ] || { echo "== maturin develop succeeded but wrote no extension in python/ferrodist/" >&2; exit 1; }
 what="== building ferrodist-store (cargo, profile \`release\`)"
 [ -x "$REPO"/target/release/ferrodist-store ] || what="$what $first"
 (cd "$REPO" && CARGO_TERM_COLOR=$color cargo build --release --bin ferrodist-store 2>&1 | _build_output "$what") ||

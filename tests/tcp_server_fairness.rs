@@ -12,13 +12,13 @@ mod common;
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use common::release_build::release_binary;
 use common::{frames, raw_to, read_n, start_server};
 use ferrodist::tcp::codec::Request;
 use ferrodist::tcp::Server;
@@ -168,31 +168,30 @@ impl Load {
     }
 }
 
-/// The server under measurement, as built for use: a debug build of these tests (the suite's
-/// `cargo test`) measures the `ferrodist-store` binary on PATH (the release build the set-up
-/// puts there), since in a debug build decoding one 100K-key request alone takes tens of
-/// milliseconds; an optimized build measures a server in this process. With neither, the tests
-/// skip (FERRODIST_P99_TESTS=1 measures the debug server anyway). They pass on this project's
-/// 2-core VM: the 40-240 ms once blamed on its few cores came from the server (a yield that
-/// left the I/O driver unpolled; see `runtime::yield_turn`).
+/// The server under measurement, always this checkout's code, optimized: an optimized build of
+/// these tests measures a server in this process; a debug build (the suite's `cargo test`, in
+/// which decoding one 100K-key request alone takes tens of milliseconds) measures this
+/// checkout's release `ferrodist-store`, which `common::release_build` builds first. Never a binary
+/// found on PATH (a stale one there once passed these tests), and never a skip: a build that
+/// fails fails the tests. FERRODIST_P99_TESTS=1 measures the debug server in process anyway.
+/// They pass on this project's 2-core VM: the 40-240 ms once blamed on its few cores came from
+/// the server (a yield that left the I/O driver unpolled; see `runtime::yield_turn`).
 enum Measured {
     InProcess(Server),
     Process(Child, SocketAddr),
 }
 
 impl Measured {
-    fn start() -> Option<Measured> {
+    fn start() -> Measured {
         if !cfg!(debug_assertions) || std::env::var_os("FERRODIST_P99_TESTS").is_some() {
-            return Some(Measured::InProcess(start_server()));
+            return Measured::InProcess(start_server());
         }
-        let binary = std::env::split_paths(&std::env::var_os("PATH")?)
-            .map(|dir| dir.join("ferrodist-store"))
-            .find(|path: &PathBuf| path.is_file())?;
-        let mut child = Command::new(&binary)
+        let binary = release_binary();
+        let mut child = Command::new(binary)
             .args(["--host", "127.0.0.1", "--port", "0", "--log-level", "warn"])
             .stdout(Stdio::piped())
             .spawn()
-            .expect("ferrodist-store starts");
+            .unwrap_or_else(|e| panic!("{binary:?} does not start: {e}"));
         let mut line = String::new();
         BufReader::new(child.stdout.take().unwrap())
             .read_line(&mut line)
@@ -202,7 +201,7 @@ impl Measured {
             .strip_prefix("ferrodist-store listening on ")
             .and_then(|a| a.parse().ok())
             .unwrap_or_else(|| panic!("unexpected first line from {binary:?}: {line:?}"));
-        Some(Measured::Process(child, addr))
+        Measured::Process(child, addr)
     }
 
     fn addr(&self) -> SocketAddr {
@@ -228,10 +227,7 @@ static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 /// Asserts that `load` on one connection moves the small client's p99 by at most P99_BUDGET.
 fn small_p99_holds_beside(load: Load) {
     let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
-    let Some(measured) = Measured::start() else {
-        eprintln!("skipped: a debug build and no ferrodist-store on PATH (FERRODIST_P99_TESTS=1)");
-        return;
-    };
+    let measured = Measured::start();
     let server = measured.addr();
     let mut setup = raw_to(server, true);
     let pairs = (0..MANY_KEYS)
@@ -299,4 +295,73 @@ fn measure(server: SocketAddr, load: Load) -> (Duration, Duration, usize) {
     stop.store(true, Ordering::Relaxed);
     big.join().unwrap();
     (alone, loaded, rounds.load(Ordering::Relaxed))
+}
+
+/// The server these tests measure is this checkout's, whatever PATH holds: with a stale
+/// `ferrodist-store` first on PATH (one that records that it ran), a run of
+/// [`probe_the_measured_server`] in a process of its own measures a server that answers, and
+/// the stale binary never runs. (It once was the one measured, and its absence a skip.)
+#[test]
+fn a_ferrodist_store_on_path_is_never_the_one_measured() {
+    let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    let ran = dir.path().join("the-stale-binary-ran");
+    let stale = dir.path().join("ferrodist-store");
+    std::fs::write(
+        &stale,
+        format!(
+            "#!/bin/sh\ntouch '{}'\necho 'ferrodist-store listening on 127.0.0.1:9'\nexit 1\n",
+            ran.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&stale, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let path = std::env::join_paths(
+        std::iter::once(dir.path().to_path_buf()).chain(std::env::split_paths(&path)),
+    )
+    .unwrap();
+    let probe = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "probe_the_measured_server",
+            "--ignored",
+            "--nocapture",
+        ])
+        .env("PATH", path)
+        .output()
+        .expect("the test binary runs");
+    let said = String::from_utf8_lossy(&probe.stdout).into_owned()
+        + &String::from_utf8_lossy(&probe.stderr);
+    assert!(!ran.exists(), "the ferrodist-store on PATH was run: {said}");
+    assert!(probe.status.success(), "the probe failed: {said}");
+    assert!(
+        said.contains("probe: measured "),
+        "the probe did not run: {said}"
+    );
+    assert!(!said.contains(&dir.path().display().to_string()), "{said}");
+}
+
+/// Starts the server the p99 tests measure, checks that it answers a SET + GET, and says which
+/// it is. Run by [`a_ferrodist_store_on_path_is_never_the_one_measured`].
+#[test]
+#[ignore = "run by a_ferrodist_store_on_path_is_never_the_one_measured, with a stale binary on PATH"]
+fn probe_the_measured_server() {
+    let measured = Measured::start();
+    let stream = raw_to(measured.addr(), true);
+    let request = frames(&[
+        Request::Set {
+            key: Bytes::from_static(b"/probe"),
+            value: Bytes::from_static(b"12345678"),
+        },
+        Request::Get {
+            key: Bytes::from_static(b"/probe"),
+        },
+    ]);
+    (&stream).write_all(&request).unwrap();
+    assert_eq!(read_n(&stream, 16)[8..], *b"12345678");
+    match &measured {
+        Measured::InProcess(_) => eprintln!("probe: measured a server in this process"),
+        Measured::Process(..) => eprintln!("probe: measured {:?}", release_binary()),
+    }
 }

@@ -1,8 +1,10 @@
-//! Helpers shared by the integration tests: a server on a free loopback port, raw sockets.
+//! Helpers shared by the integration tests: a server on a free loopback port, raw sockets,
+//! etcd clusters, this checkout's release `ferrodist-store` (`release_build`).
 
 #![allow(dead_code)]
 
 pub mod etcd;
+pub mod release_build;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
