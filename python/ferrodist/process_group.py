@@ -14,6 +14,9 @@ once the last Python reference goes (``init_process_group(store=SomeStore(...))`
 our rendezvous made), later calls such as ``new_group()`` fail with torch's "Not implemented"
 assertion. ``_default_group_stores`` keeps them alive until ``destroy_process_group`` ends the
 default group, which also lets rank 0's embedded server stop and free its port.
+
+Why a destroyed group must really end, and before the interpreter does (its gloo threads may
+otherwise abort the process at exit): ``ferrodist._group_release``.
 """
 
 from __future__ import annotations
@@ -49,7 +52,7 @@ from torch.distributed import (
     supports_complex,
 )
 
-from ferrodist import _rendezvous
+from ferrodist import _group_release, _rendezvous
 from ferrodist.prefix_store import PrefixStore
 
 __all__ = [
@@ -95,6 +98,9 @@ def destroy_process_group(group: Optional[_tdist.ProcessGroup] = None) -> None:
         _stop_servers(_rendezvous_stores)
         _rendezvous_stores.clear()
         _default_group_stores.clear()
+    # torch modules imported while the group lived may hold it in a default argument, which would
+    # keep its gloo threads alive into interpreter exit (see _group_release).
+    _group_release.release_destroyed_defaults()
 
 
 def _stop_servers(made_here: list[_tdist.Store]) -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import socket
-import sys
 import traceback
 from typing import Callable
 
@@ -40,15 +39,6 @@ def run_scenarios(
             dist.barrier()
     finally:
         dist.destroy_process_group()
-    # Every outcome is printed and the group is gone: leave without the interpreter's teardown.
-    # Once in many runs (1 of 4 fresh-clone CI runs, 0 of 25 runs of the same world alone) a
-    # rank that had reported every scenario PASS aborted there with "terminate called without
-    # an active exception": a C++ thread of torch's still joinable while static objects are
-    # destroyed (ferrodist's native code starts no C++ threads). What these worlds test is what
-    # they print.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
 
 
 def scenario_results(module: str, names: list[str], world: int) -> dict[str, list[str]]:

@@ -1,5 +1,5 @@
 """The demo trains for real: two processes rendezvous over the embedded tcp:// store, say who
-joined, and the printed loss falls."""
+joined, and the printed loss falls; and every rank leaves cleanly, every time."""
 
 from __future__ import annotations
 
@@ -34,6 +34,23 @@ def test_demo_prints_who_joined_and_the_loss_falls(
     losses = [float(x) for x in re.findall(r"loss ([0-9.]+)", out)]
     assert len(losses) == 4, out  # steps 0, 5, 10 and 15 (the last)
     assert losses[-1] < 0.8 * losses[0], losses
+
+
+TEARDOWN_RUNS = 5
+"""Demo runs in the teardown test. Before ferrodist._group_release, 10 of 130 runs of the reported
+configuration (20 steps) aborted a rank at exit; test_group_release.py checks the cause itself."""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_demo_teardown_exits_cleanly_every_time(capfd: pytest.CaptureFixture[str]):
+    # the configuration of the report (3 ranks, ZeRO), shortened: it is the exit that matters
+    for run in range(TEARDOWN_RUNS):
+        status = demo.main(["--world-size", "3", "--optimizer", "zero", "--steps", "2"])
+        out, err = capfd.readouterr()
+        assert status == 0, f"run {run}: " + out + err[-3000:]
+        assert "failed" not in out, f"run {run}: " + out
+        assert "terminate called" not in err and "Aborted" not in err, f"run {run}: " + err[-3000:]
 
 
 def test_choice_tables_and_defaults():
