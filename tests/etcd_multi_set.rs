@@ -5,35 +5,21 @@
 
 mod common;
 
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use common::etcd::EtcdCluster;
 use ferrodist::runtime::runtime;
-use ferrodist::store::etcd::{EtcdOptions, EtcdStore, Layout};
+use ferrodist::store::etcd::{EtcdStore, Layout};
 use ferrodist::store::Store;
 use ferrodist::tcp::server::etcd_backend::EtcdBackend;
 use ferrodist::tcp::{Server, ServerConfig, TcpStore, TcpStoreOptions};
 
-static JOBS: AtomicUsize = AtomicUsize::new(0);
-
 fn job() -> String {
-    format!(
-        "rust-multi-set-{}-{}",
-        std::process::id(),
-        JOBS.fetch_add(1, Ordering::Relaxed)
-    )
+    common::etcd::fresh_job("rust-multi-set")
 }
 
 fn etcd_store(prefix: &str) -> EtcdStore {
-    EtcdStore::connect(&EtcdOptions {
-        endpoints: EtcdCluster::shared_endpoints(),
-        prefix: prefix.to_owned(),
-        timeout: Duration::from_secs(10),
-        user: None,
-        tls: None,
-    })
-    .expect("connects to etcd")
+    common::etcd::shared_store(prefix)
 }
 
 /// 100 distinct keys in 200 pairs (more than one transaction's 128 puts): each key twice, the

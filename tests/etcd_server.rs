@@ -7,39 +7,24 @@ mod common;
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use common::etcd::EtcdCluster;
 use common::{frames, read_n};
-use ferrodist::store::etcd::{EtcdOptions, EtcdStore};
+use ferrodist::store::etcd::EtcdStore;
 use ferrodist::store::Store;
 use ferrodist::tcp::codec::{Request, FERRODIST_PING, FERRODIST_PONG_DURABLE, VALIDATE_MAGIC};
 use ferrodist::tcp::server::etcd_backend::EtcdBackend;
 use ferrodist::tcp::{Server, ServerConfig, TcpStore, TcpStoreOptions};
 
-static JOBS: AtomicUsize = AtomicUsize::new(0);
-
-/// A fresh prefix, so tests sharing the cluster never see each other's keys.
 fn job() -> String {
-    format!(
-        "server-{}-{}",
-        std::process::id(),
-        JOBS.fetch_add(1, Ordering::Relaxed)
-    )
+    common::etcd::fresh_job("server")
 }
 
 fn etcd_store(prefix: &str) -> EtcdStore {
-    EtcdStore::connect(&EtcdOptions {
-        endpoints: EtcdCluster::shared_endpoints(),
-        prefix: prefix.to_owned(),
-        timeout: Duration::from_secs(10),
-        user: None,
-        tls: None,
-    })
-    .expect("connects to etcd")
+    common::etcd::shared_store(prefix)
 }
 
 /// A server in this process whose requests are served from etcd under `prefix`.

@@ -258,3 +258,23 @@ impl Drop for EtcdCluster {
         }
     }
 }
+
+/// A prefix no other test of this process uses (`what` names the test file), so tests sharing
+/// the cluster never see each other's keys.
+pub fn fresh_job(what: &str) -> String {
+    static JOBS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = JOBS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!("{what}-{}-{n}", std::process::id())
+}
+
+/// An `EtcdStore` on the shared cluster under `prefix`, without login or TLS.
+pub fn shared_store(prefix: &str) -> ferrodist::store::etcd::EtcdStore {
+    ferrodist::store::etcd::EtcdStore::connect(&ferrodist::store::etcd::EtcdOptions {
+        endpoints: EtcdCluster::shared_endpoints(),
+        prefix: prefix.to_owned(),
+        timeout: Duration::from_secs(10),
+        user: None,
+        tls: None,
+    })
+    .expect("connects to etcd")
+}

@@ -67,3 +67,16 @@ def nccl_world() -> Iterator[None]:
     dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
     yield None
     dist.destroy_process_group()
+
+
+@pytest.fixture
+def leaves_no_group() -> Iterator[None]:
+    """Runs a test that initializes the default group; destroys it however the test ends."""
+    assert not dist.is_initialized(), "an earlier test left a default group behind"
+    try:
+        yield None
+    finally:
+        if dist.is_initialized():
+            import ferrodist
+
+            ferrodist.destroy_process_group()

@@ -17,7 +17,6 @@ under a fixture that destroys it, and a failed ``init_process_group`` must not l
 from __future__ import annotations
 
 import socket
-from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 from types import ModuleType
@@ -30,17 +29,6 @@ from torch.distributed import distributed_c10d
 import ferrodist
 
 TIMEOUT = timedelta(seconds=20)
-
-
-@pytest.fixture
-def leaves_no_group() -> Iterator[None]:
-    """Runs a test that initializes the default group; destroys it however the test ends."""
-    assert not tdist.is_initialized(), "an earlier test left a default group behind"
-    try:
-        yield None
-    finally:
-        if tdist.is_initialized():
-            ferrodist.destroy_process_group()
 
 
 def _init_args(

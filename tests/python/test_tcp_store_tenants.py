@@ -8,7 +8,6 @@ ferrodist's and torch's alike) meet the same check."""
 from __future__ import annotations
 
 import socket
-from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any, Callable
 
@@ -93,16 +92,6 @@ def test_the_token_from_the_environment_counts_as_asked(monkeypatch: pytest.Monk
     with pytest.raises(ValueError, match="auth token differs") as caught:
         tenant(first.port)
     assert SECRET not in str(caught.value) and OTHER not in str(caught.value)
-
-
-@pytest.fixture
-def leaves_no_group() -> Iterator[None]:
-    assert not tdist.is_initialized(), "an earlier test left a default group behind"
-    try:
-        yield None
-    finally:
-        if tdist.is_initialized():
-            ferrodist.destroy_process_group()
 
 
 def _url(kind: str, port: int, monkeypatch: pytest.MonkeyPatch) -> str:
