@@ -176,14 +176,14 @@ def test_no_shard_infos_match_torch(
 
 
 _ONE_PROCESS_FSDP = """
-import sys, warnings
+import gc, sys, warnings
 import torch, torch.distributed as dist
 from torch import nn
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 from ferrodist.fsdp import ShardParamInfo, plan_flat_param
 
 dist.init_process_group("gloo", init_method=f"file://{sys.argv[1]}", rank=0, world_size=1)
-for use_orig_params in (False, True):
+def check(use_orig_params):
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(5, 3), nn.ReLU(), nn.Linear(3, 7, bias=False))
     numels = [p.numel() for p in model.parameters()]
@@ -208,6 +208,11 @@ for use_orig_params in (False, True):
     assert any("switching to use `NO_SHARD`" in str(w.message) for w in caught)
     assert ours.sharding_strategy == fsdp.sharding_strategy, ours.sharding_strategy
     print("checked", use_orig_params, layout.numels_with_padding)
+# In a function, so that no global holds the FSDP modules, and with them the group, into
+# interpreter exit (a gloo worker that takes the GIL then aborts the process).
+for use_orig_params in (False, True):
+    check(use_orig_params)
+gc.collect()  # FSDP modules sit in reference cycles
 dist.destroy_process_group()
 """
 
