@@ -21,6 +21,7 @@ from _fsdp_optim_sharded_workers import (
     trainable,
 )
 from _fsdp_workers import CPU, OPTIMIZERS, Block, assert_same_local_state, init_world, make_model
+from _world_end import end_world
 from torch import nn
 from torch.distributed._shard.sharded_tensor import ShardedTensor
 from torch.distributed.device_mesh import init_device_mesh
@@ -278,4 +279,4 @@ def run_world(rank: int, world: int, tmp: str) -> None:
         else:
             check_round_trip_load(rank, world, tmp)
     finally:
-        dist.destroy_process_group()
+        end_world()

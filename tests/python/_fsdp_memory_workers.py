@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from _world_end import end_world
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
@@ -201,7 +202,7 @@ def run_world(rank: int, world: int, tmp: str, names: list[str]) -> None:
     try:
         results = {name: measure(rank, name, CONFIGS[name]) for name in names}
     finally:
-        dist.destroy_process_group()
+        end_world()
     Path(tmp, f"measured-{world}-{rank}.json").write_text(json.dumps(results))
 
 

@@ -23,6 +23,7 @@ from _fsdp_workers import (
     init_world,
     make_model,
 )
+from _world_end import end_world
 from torch import nn
 from torch.distributed._shard.sharded_tensor import ShardedTensor
 from torch.distributed.fsdp import FullyShardedDataParallel as TorchFSDP
@@ -345,4 +346,4 @@ def run_world(rank: int, world: int, tmp: str) -> None:
                 check_local_orig_params(rank, world)
             check_round_trip_load(rank, world, tmp)
     finally:
-        dist.destroy_process_group()
+        end_world()

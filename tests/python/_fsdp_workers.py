@@ -13,6 +13,7 @@ from typing import Any, Callable, Optional
 
 import torch
 import torch.distributed as dist
+from _world_end import end_world
 from torch import nn
 from torch.distributed.fsdp import CPUOffload, OptimStateKeyType, ShardingStrategy
 from torch.distributed.fsdp import FullyShardedDataParallel as TorchFSDP
@@ -308,7 +309,7 @@ def run_world(rank: int, world: int, tmp: str, load_from: Optional[int] = None) 
         check_state_dict_interop(rank, world, tmp, load_from)
         check_sharded_checkpoint(rank, world, tmp, load_from)
     finally:
-        dist.destroy_process_group()
+        end_world()
 
 
 def step_both(

@@ -16,6 +16,7 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 from _procs import finish, spawn
+from _world_end import end_world
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -38,7 +39,7 @@ def run_scenarios(
                 print(f"RESULT {name} FAIL {why}", flush=True)
             dist.barrier()
     finally:
-        dist.destroy_process_group()
+        end_world()
 
 
 def scenario_results(module: str, names: list[str], world: int) -> dict[str, list[str]]:

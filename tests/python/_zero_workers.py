@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from _world_end import end_world
 from torch import nn
 from torch.distributed.optim import ZeroRedundancyOptimizer as TorchZero
 
@@ -219,4 +220,4 @@ def run_world(rank: int, world: int, tmp: str, load_from: int | None) -> None:
 
         run_ddp_checks(rank, world)
     finally:
-        dist.destroy_process_group()
+        end_world()
