@@ -227,6 +227,8 @@ class TCPStore(_NativeBackedStore):
         return store
 
     def __repr__(self) -> str:
+        if "_handle" not in vars(self):  # a constructor that raised (tracebacks show its self)
+            return "ferrodist.TCPStore(<not connected>)"
         role = "server" if self._handle.is_server else "client"
         own = f"ferrodist.TCPStore(host={self.host!r}, port={self.port}, {role})"
         if not _torch_describes_tcp_stores():

@@ -120,3 +120,17 @@ def test_repr_names_the_connections_fd_and_ports() -> None:
         assert sock.getpeername()[1] == master.port
     finally:
         sock.close()
+
+
+def test_repr_of_a_store_whose_constructor_raised_does_not_raise() -> None:
+    # A traceback shows the half-made ``self``: its repr must not raise there.
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        port = unused.getsockname()[1]
+    half_made = ferrodist.TCPStore.__new__(ferrodist.TCPStore)
+    assert repr(half_made) == "ferrodist.TCPStore(<not connected>)"
+    with pytest.raises(tdist.DistNetworkError) as refused:
+        ferrodist.TCPStore("127.0.0.1", port, timeout=timedelta(milliseconds=300))
+    shown = str(refused.getrepr(showlocals=True))
+    assert "self       = ferrodist.TCPStore(<not connected>)" in shown
+    assert "raised in repr()" not in shown

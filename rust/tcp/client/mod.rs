@@ -76,6 +76,9 @@ const INTRODUCTION_GRACE: Duration = Duration::from_millis(100);
 const PEER_CHECK_EVERY: Duration = Duration::from_millis(1);
 
 /// torch's message when a server closes the connection.
+/// What a server that closes the connection on PING but answers without it is.
+const WITHOUT_PING: &str = "it is a torch server without PING, torch < 2.5";
+
 const CLOSED_BY_SERVER: &str = "Failed to recv, got 0 bytes. Connection was likely closed. \
                                 Did the remote server shutdown or crash?";
 
@@ -277,11 +280,15 @@ impl Client {
                     let peer = format!("{host}:{port}");
                     Client::handshake(socket, peer, deadline, token)
                 })
-                // A torch 2.4 server closes the connection on PING: once more without it (not
-                // with a token, which such a server could never prove).
-                .or_else(|e| match token {
-                    Some(_) => Err(e),
-                    None => no_ping::without_ping(e, addr, format!("{host}:{port}"), deadline),
+                // A torch 2.4 server closes the connection on PING: once more without it. Such
+                // a server can never prove a token, so a client holding one only learns from
+                // that what it is, and refuses it at once instead of retrying into its timeout.
+                .or_else(|e| {
+                    let plain = no_ping::without_ping(e, addr, format!("{host}:{port}"), deadline);
+                    match (plain, token) {
+                        (Ok(server), Some(_)) => Err(server.unproven(WITHOUT_PING)),
+                        (plain, _) => plain,
+                    }
                 });
             match attempt {
                 Ok(client) => return Ok(client),
@@ -417,7 +424,7 @@ impl Client {
     /// Why a client with a token will not use a server that did not prove the token (the
     /// marker's `answer` says what the server is).
     fn unproven_server(&self, answer: &Reply) -> Error {
-        let what = match answer {
+        self.unproven(match answer {
             Reply::Nonce(FERRODIST_PONG | FERRODIST_PONG_DURABLE) => {
                 "it is a ferrodist server that requires no token"
             }
@@ -427,7 +434,11 @@ impl Client {
             }
             Reply::Nonce(FERRODIST_PING) => "it is not ferrodist's (a torch server?)",
             _ => "it does not speak ferrodist's handshake",
-        };
+        })
+    }
+
+    /// [`Client::unproven_server`], with `what` the server turned out to be.
+    fn unproven(&self, what: &str) -> Error {
         Error::Unauthenticated(format!(
             "the store at {} did not prove that it holds this client's auth token ({what}); \
              a client with a token sends nothing to such a server (drop the token, e.g. unset \
