@@ -77,10 +77,13 @@ def test_a_collective_times_out_by_its_own_timeout(server: tdist.TCPStore, op: s
         theirs, torch_took = _timed(lambda: LONELY[op](theirs_c, f"t-{op}"))
         assert torch_took < TIMEOUT.total_seconds() + MARGIN_S
         assert isinstance(ours, type(theirs)), (ours, theirs)
+        # The store's own words after that differ by torch release ("wait timeout after
+        # 1000ms" on 2.13, "Socket Timeout" and a C++ trace on 2.4).
         if op.endswith("_recv") and op != "gather_recv":
-            assert "timeout" in str(ours) and "timeout" in str(theirs)
+            assert "timeout" in str(ours).lower() and "timeout" in str(theirs).lower()
         else:  # the same missing ranks, in torch's words
-            assert str(ours).split(" timeout")[0] == str(theirs).split(" timeout")[0]
+            assert str(ours).split(", ")[0] == str(theirs).split(", ")[0]
+            assert str(ours).startswith(f"{op.removesuffix('_recv')} failed -- missing ranks: 0")
     else:
         assert isinstance(ours, TORCH_RAISES[op])
 
