@@ -32,38 +32,40 @@ def test_key_value_calls_answer_as_torchs_hash_store(
 ) -> None:
     ours, theirs = _store(etcd_cluster, etcd_prefix), tdist.HashStore()
     script = [
-        lambda s: s.set("k", "v"),
-        lambda s: s.set(b"bk", b"\x00\xff"),
-        lambda s: s.get("bk"),
-        lambda s: s.add("n", 5),
-        lambda s: s.add(b"n", -2),
-        lambda s: s.get("n"),
-        lambda s: s.compare_set("k", "v", "w"),
-        lambda s: s.compare_set("k", "nope", "x"),
-        lambda s: s.compare_set("missing", "x", "y"),
-        lambda s: s.compare_set("created", "", "y"),
-        lambda s: s.check(["k", "n"]),
-        lambda s: s.check(["k", "missing"]),
-        lambda s: s.delete_key("k"),
-        lambda s: s.delete_key("k"),
-        lambda s: s.append("log", "a"),
-        lambda s: s.append("log", b"b"),
-        lambda s: s.get("log"),
-        lambda s: s.multi_set(["m1", "m2"], ["1", b"2"]),
-        lambda s: s.multi_get(["m1", "m2"]),
-        lambda s: s.num_keys(),
-        lambda s: sorted(s.list_keys()),
-        lambda s: s.queue_push("q", "a"),
-        lambda s: s.queue_push("q", b"b"),
-        lambda s: s.queue_len("q"),
-        lambda s: s.queue_pop("q"),
-        lambda s: s.queue_pop("q", False),
-        lambda s: s.queue_len("q"),
-        lambda s: s.num_keys(),
-        lambda s: s.has_extended_api(),
+        ("set", lambda s: s.set("k", "v")),
+        ("set", lambda s: s.set(b"bk", b"\x00\xff")),
+        ("get", lambda s: s.get("bk")),
+        ("add", lambda s: s.add("n", 5)),
+        ("add", lambda s: s.add(b"n", -2)),
+        ("get", lambda s: s.get("n")),
+        ("compare_set", lambda s: s.compare_set("k", "v", "w")),
+        ("compare_set", lambda s: s.compare_set("k", "nope", "x")),
+        ("compare_set", lambda s: s.compare_set("missing", "x", "y")),
+        ("compare_set", lambda s: s.compare_set("created", "", "y")),
+        ("check", lambda s: s.check(["k", "n"])),
+        ("check", lambda s: s.check(["k", "missing"])),
+        ("delete_key", lambda s: s.delete_key("k")),
+        ("delete_key", lambda s: s.delete_key("k")),
+        ("append", lambda s: s.append("log", "a")),
+        ("append", lambda s: s.append("log", b"b")),
+        ("get", lambda s: s.get("log")),
+        ("multi_set", lambda s: s.multi_set(["m1", "m2"], ["1", b"2"])),
+        ("multi_get", lambda s: s.multi_get(["m1", "m2"])),
+        ("num_keys", lambda s: s.num_keys()),
+        ("list_keys", lambda s: sorted(s.list_keys())),
+        ("queue_push", lambda s: s.queue_push("q", "a")),
+        ("queue_push", lambda s: s.queue_push("q", b"b")),
+        ("queue_len", lambda s: s.queue_len("q")),
+        ("queue_pop", lambda s: s.queue_pop("q")),
+        ("queue_pop", lambda s: s.queue_pop("q", False)),
+        ("queue_len", lambda s: s.queue_len("q")),
+        ("num_keys", lambda s: s.num_keys()),
+        ("has_extended_api", lambda s: s.has_extended_api()),
     ]
-    for step, call in enumerate(script):
-        assert call(ours) == call(theirs), f"step {step}"
+    # Steps whose method this torch's HashStore lacks (2.4: list_keys and queues) are left out.
+    for step, (method, call) in enumerate(script):
+        if hasattr(theirs, method):
+            assert call(ours) == call(theirs), f"step {step} ({method})"
 
 
 def test_errors_are_the_classes_ferrodists_tcp_store_raises(
