@@ -78,10 +78,17 @@ def train(model: nn.Module, optim: torch.optim.Optimizer, rank: int, steps: int)
     return losses
 
 
-def assert_same_state(a: dict[str, Any], b: dict[str, Any], tag: str) -> None:
+def assert_same_state(a: dict[str, Any], b: dict[str, Any], tag: str, exact: bool = True) -> None:
     assert list(a) == list(b), (tag, list(a), list(b))
     for key, value in a.items():
-        assert torch.equal(value, b[key]), (tag, key)
+        same = torch.equal(value, b[key]) if exact else torch.allclose(value, b[key], rtol=1e-5)
+        assert same, (tag, key)
+
+
+# torch 2.4's FSDP clip_grad_norm_ gathers the parameters into sets and sums their norms in set
+# order, i.e. by object address: two models cannot be made to round alike. ferrodist sums in
+# parameter order, as torch does since 2.5; on 2.4 the clip is compared to float tolerance.
+CLIP_SUMS_IN_ADDRESS_ORDER = tuple(int(p) for p in torch.__version__.split(".")[:2]) < (2, 5)
 
 
 def hybrid_groups(rank: int, world: int) -> tuple[dist.ProcessGroup, dist.ProcessGroup]:
@@ -319,6 +326,7 @@ def step_both(
     step: int,
     tag: str,
     before_step: Optional[Callable[[nn.Module], Any]] = None,
+    exact: bool = True,
 ) -> None:
     """One SGD step on each (fresh optimizers, so no state to match), losses compared."""
     results = []
@@ -331,10 +339,14 @@ def step_both(
         optim.step()
         optim.zero_grad()
         results.append((loss.detach(), extra))
-    assert torch.equal(results[0][0], results[1][0]), (tag, step)
+
+    def same(a: torch.Tensor, b: torch.Tensor) -> bool:
+        return torch.equal(a, b) if exact else torch.allclose(a, b, rtol=1e-5)
+
+    assert same(results[0][0], results[1][0]), (tag, step)
     if before_step is not None:
         a, b = results[0][1], results[1][1]
-        assert torch.equal(a, b), (tag, a.item(), b.item(), a.shape, b.shape, a.dtype, b.dtype)
+        assert same(a, b), (tag, a.item(), b.item(), a.shape, b.shape, a.dtype, b.dtype)
 
 
 def check_summon_full_params(rank: int, world: int) -> None:
@@ -390,11 +402,13 @@ def check_no_sync_and_clip(rank: int, world: int) -> None:
             x, y = batch(7, rank)
             with model.no_sync():  # type: ignore[operator]
                 nn.functional.mse_loss(model(x), y).backward()
-        step_both(theirs, ours, rank, 8, tag, lambda m: m.clip_grad_norm_(0.05))
-        assert_same_state(theirs.state_dict(), ours.state_dict(), tag)
+        exact = not (CLIP_SUMS_IN_ADDRESS_ORDER and strategy != ShardingStrategy.NO_SHARD)
+        step_both(theirs, ours, rank, 8, tag, lambda m: m.clip_grad_norm_(0.05), exact)
+        assert_same_state(theirs.state_dict(), ours.state_dict(), tag, exact)
         # A second step accumulates onto nothing: no_sync state must not leak.
-        step_both(theirs, ours, rank, 9, tag, lambda m: m.clip_grad_norm_(0.5, norm_type=1.0))
-        assert_same_state(theirs.state_dict(), ours.state_dict(), tag + " second")
+        clip = lambda m: m.clip_grad_norm_(0.5, norm_type=1.0)  # noqa: E731
+        step_both(theirs, ours, rank, 9, tag, clip, exact)
+        assert_same_state(theirs.state_dict(), ours.state_dict(), tag + " second", exact)
 
 
 def check_state_dict_interop(rank: int, world: int, tmp: str, load_from: Optional[int]) -> None:
