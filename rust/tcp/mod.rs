@@ -20,7 +20,8 @@
 //! * [`store`]: [`TcpStore`], the blocking torch-compatible [`crate::store::Store`] over a
 //!   client (user keys get torch's `/` prefix), hosting a server when it is the master.
 //! * [`client::conn_pool`]: a store's connections, one per concurrent call (a wait in one
-//!   thread blocks no other thread's call), forgotten after `fork`.
+//!   thread blocks no other thread's call), forgotten after `fork`; reconnects to a server whose
+//!   state outlives it on one backoff schedule, until the call's deadline.
 //! * [`server::shutdown`]: the stop signal and drain used by the server.
 //! * [`server::log_budget`]: at most so many warnings a second from one call site.
 //! * [`server::handshake_deadline`]: closes connections that never send VALIDATE.
@@ -37,7 +38,8 @@
 //! * `client/`: the protocol sequences of one connection, its socket, the handshake for servers
 //!   without PING, and a store's pool of connections.
 //! * `store/`: the Store facade over the client (`ops.rs`: each method; `barrier.rs`;
-//!   `tenants.rs`: the servers masters host, one configuration each).
+//!   `tenants.rs`: the servers masters host, one configuration each; `waits.rs`: the calls
+//!   that wait for keys, re-sent after a durable server's restart).
 //! * `auth.rs`: the token and its proof, shared by client and server.
 //! * `cli.rs`: the `ferrodist-store` command line (`cli_backend.rs`: its `--backend` and
 //!   `--etcd-*` flags); `signals.rs`: its SIGINT/SIGTERM.

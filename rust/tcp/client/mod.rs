@@ -389,6 +389,19 @@ impl Client {
         broken.map_or(Ok(()), Err)
     }
 
+    /// Waits, until `deadline`, for the answer to the marker PING when it was late for the
+    /// handshake: what the server is (durable, say) is then known before a request goes out.
+    /// A deadline passed midway leaves the client broken.
+    pub fn await_introduced(&mut self, deadline: Deadline) -> Result<()> {
+        if self.introduction != Introduction::Unanswered {
+            return Ok(());
+        }
+        self.begin(deadline)?;
+        self.read_introduction(None)?;
+        self.busy = false;
+        Ok(())
+    }
+
     /// Reads the server's answer to the marker PING (the next reply on the wire) and learns
     /// from it what the server is; `token` answers a challenge.
     fn read_introduction(&mut self, token: Option<&AuthToken>) -> Result<()> {

@@ -14,7 +14,9 @@
 //! must ask for the same server configuration (`tenants.rs`).
 //!
 //! After a connection breaks (server restarted, call abandoned at its deadline), the next call
-//! makes one reconnect attempt before failing, so a store survives a restarted server.
+//! makes one reconnect attempt before failing, so a store survives a restarted server; where
+//! the handshake said the server's state outlives it, it retries until its deadline, and a
+//! wait that was blocked when the connection broke is sent again (`waits.rs`).
 //!
 //! Its calls block the calling thread: do not make them from inside the runtime (an async task).
 //!
@@ -23,7 +25,8 @@
 //! * `mod.rs`: construction, hosting, the connection per call; `ops.rs`: each [`Store`] method
 //!   as torch's wire sequence; `barrier.rs`: `barrier` on servers with and without BARRIER
 //!   (torch < 2.13 closes the connection on it); `tenants.rs`: the servers this process hosts
-//!   and the configuration each runs with.
+//!   and the configuration each runs with; `waits.rs`: the calls that wait for keys, and how
+//!   they outlive a durable server's restart.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -125,15 +128,6 @@ fn wire(key: &str) -> Bytes {
 
 fn wire_all(keys: &[String]) -> Vec<Bytes> {
     keys.iter().map(|k| wire(k)).collect()
-}
-
-fn wait_timeout(after: Duration, keys: &[String]) -> Error {
-    let shown: Vec<String> = keys.iter().map(|k| format!("/{k}")).collect();
-    Error::Timeout {
-        op: "wait".into(),
-        after,
-        detail: format!("keys: {}", shown.join(", ")),
-    }
 }
 
 impl TcpStore {
@@ -296,23 +290,6 @@ impl TcpStore {
             c.call_int(d, &Request::Add { key, delta: amount })
         })
     }
-
-    fn wait_for(
-        &self,
-        keys: &[String],
-        follow: Option<Request>,
-        timeout: Duration,
-    ) -> Result<Option<Reply>> {
-        let wire_keys = wire_all(keys);
-        // The wait's own timeout bounds the wait; the run deadline adds room for the
-        // CANCEL_WAIT exchange a later call may need.
-        let bound = (!timeout.is_zero()).then_some(timeout);
-        let limit = bound.map_or(Duration::ZERO, |t| t + CANCEL_GRACE);
-        let outcome = self.run(Some(limit), |c, d| {
-            c.wait_then(d, &wire_keys, follow, bound)
-        })?;
-        outcome.map_err(|()| wait_timeout(timeout, keys))
-    }
 }
 
 /// True when torchelastic's agent hosts the store on `port`: `TORCHELASTIC_USE_AGENT_STORE` is
@@ -362,3 +339,5 @@ mod ops;
 mod barrier;
 
 mod tenants;
+
+mod waits;
