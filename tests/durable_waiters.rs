@@ -9,16 +9,15 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::TcpListener;
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
-use common::etcd::EtcdCluster;
 use ferrodist::error::Error;
 use ferrodist::store::Store;
 use ferrodist::tcp::codec::{
@@ -29,34 +28,8 @@ use ferrodist::tcp::{TcpStore, TcpStoreOptions};
 /// How long after the kill a waiter may take to notice (generous: two shared cores).
 const NOTICE: Duration = Duration::from_millis(1500);
 
-/// `ferrodist-store` on `port` (0: one it picks), with its state in etcd under `prefix` when
-/// given, once it listens; and the port.
 fn spawn_server(port: u16, prefix: Option<&str>) -> (Child, u16) {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_ferrodist-store"));
-    command
-        .args(["--host", "127.0.0.1", "--port", &port.to_string()])
-        .args(["--log-level", "warn"]);
-    if let Some(prefix) = prefix {
-        let endpoints = EtcdCluster::shared_endpoints().join(",");
-        command.args(["--backend", &format!("etcd://{endpoints}/{prefix}")]);
-    }
-    let mut child = command
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("the binary starts");
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let listening = line
-        .strip_prefix("ferrodist-store listening on ")
-        .and_then(|addr| addr.trim().rsplit(':').next())
-        .and_then(|port| port.parse().ok());
-    match listening {
-        Some(port) => (child, port),
-        None => panic!("got {line:?}"),
-    }
+    common::store_binary::spawn_store(port, prefix)
 }
 
 fn kill(child: &mut Child) {

@@ -5,13 +5,12 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Write};
-use std::process::{Child, Command, Stdio};
+use std::io::Write;
+use std::process::Child;
 use std::thread;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use common::etcd::EtcdCluster;
 use common::{frames, read_n};
 use ferrodist::store::etcd::EtcdStore;
 use ferrodist::store::Store;
@@ -229,32 +228,8 @@ fn a_set_from_a_client_that_leaves_at_once_still_lands() {
     etcd_store(&prefix).purge().unwrap();
 }
 
-/// `ferrodist-store --backend etcd://...` as a child process on `port` (0: one it picks), once
-/// it listens, and the port it listens on.
 fn spawn_binary(port: u16, prefix: &str) -> (Child, u16) {
-    let url = format!(
-        "etcd://{}/{prefix}",
-        EtcdCluster::shared_endpoints().join(",")
-    );
-    let mut child = Command::new(env!("CARGO_BIN_EXE_ferrodist-store"))
-        .args(["--host", "127.0.0.1", "--port", &port.to_string()])
-        .args(["--backend", &url, "--log-level", "warn"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("the binary starts");
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let listening = line
-        .strip_prefix("ferrodist-store listening on ")
-        .and_then(|addr| addr.trim().rsplit(':').next())
-        .and_then(|port| port.parse().ok());
-    match listening {
-        Some(port) => (child, port),
-        None => panic!("got {line:?}"),
-    }
+    common::store_binary::spawn_store(port, Some(prefix))
 }
 
 #[test]

@@ -5,6 +5,7 @@
 
 pub mod etcd;
 pub mod release_build;
+pub mod store_binary;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
