@@ -47,7 +47,7 @@ fn in_order(keys: &[String], values: &[Vec<u8>]) -> Vec<(String, Vec<u8>)> {
 
 /// The modification revision of each key's etcd key under `prefix`, read with etcd's own client.
 fn revisions(prefix: &str, keys: &[&[u8]]) -> Vec<i64> {
-    let layout = Layout::new(prefix);
+    let layout = Layout::new(prefix).expect("a valid prefix");
     runtime().block_on(async {
         let mut client = etcd_client::Client::connect(EtcdCluster::shared_endpoints(), None)
             .await

@@ -122,7 +122,7 @@ fn a_set_between_the_read_and_the_watch_still_ends_the_wait() {
     let prefix = job();
     let s = store(&prefix);
     let endpoints = EtcdCluster::shared_endpoints();
-    let etcd_key = Layout::new(&prefix).value("late");
+    let etcd_key = Layout::new(&prefix).unwrap().value("late");
     let gap = async move {
         let mut client = etcd_client::Client::connect(endpoints, None).await.unwrap();
         client.put(etcd_key, "1", None).await.unwrap();

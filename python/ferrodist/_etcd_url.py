@@ -2,8 +2,9 @@
 
 One URL names the cluster, the job and who logs in, for ``init_process_group(init_method=...)``,
 ``ferrodist.rendezvous`` and torch's own dispatcher (the scheme is registered there too). The
-job name becomes the store prefix: every key of the run lives under ``JOB/`` in etcd, so a name
-must not be reused by a later run before ``EtcdStore(...).purge()`` (an old run's completed
+job name becomes the store prefix (letters, digits, ``.``, ``_``, ``-`` in segments joined by
+single ``/``): every key of the run lives under ``JOB:`` in etcd, in no other job's range, so a
+name must not be reused by a later run before ``EtcdStore(...).purge()`` (an old run's completed
 count would let a new one's ranks through early).
 
 Query parameters, besides torch's ``rank`` and ``world_size``: ``ca_file``, ``cert_file``,
@@ -23,6 +24,7 @@ from datetime import timedelta
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
+from ferrodist import _native
 from ferrodist._redact import redact_url
 
 __all__ = ["PASSWORD_ENV", "etcd_store_from_url", "parse_etcd_url"]
@@ -60,6 +62,10 @@ def parse_etcd_url(url: str) -> tuple[list[str], str, dict[str, Any]]:
     job = parts.path.strip("/")
     if not job:
         raise _error(f"a job name is missing (etcd://host:port/JOB), got {shown!r}")
+    try:
+        _native.check_etcd_prefix(job)
+    except ValueError as err:
+        raise _error(f"the job name (etcd://host:port/JOB) is not a valid prefix: {err}") from None
     query = dict(item.split("=", 1) for item in parts.query.split("&") if "=" in item)
     if "password" in query:
         raise _error(f"{_NO_PASSWORD_HERE}; got {shown.split('?')[0]!r}?...")

@@ -98,6 +98,7 @@ def etcd_store(
     password_file: str | None = None,
     insecure_plaintext_credentials: bool = False,
 ) -> EtcdStoreHandle: ...
+def check_etcd_prefix(prefix: str) -> None: ...
 
 # --- rendezvous ---
 class RendezvousJoin:

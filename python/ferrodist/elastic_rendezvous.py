@@ -14,7 +14,7 @@ Usage::
 
 ``--rdzv-conf`` takes, besides torch's ``join_timeout``, ``last_call_timeout``,
 ``close_timeout`` and ``heartbeat``: ``read_timeout`` (seconds, default 60: the store timeout),
-``prefix`` (default ``torchrun``; keys live under ``PREFIX/RUN_ID/``), ``username``,
+``prefix`` (default ``torchrun``; the job's etcd prefix is ``PREFIX/RUN_ID``), ``username``,
 ``password_file``, ``insecure_plaintext_credentials``, ``ca_file``, ``cert_file``, ``key_file``
 and ``tls_domain``.
 
@@ -22,6 +22,10 @@ No ``password``: ``--rdzv-conf`` is on torchrun's command line, which every user
 reads in ``ps``, and torch logs the whole conf at start. A ``password`` there is refused; the
 password goes in a file (``password_file=PATH``) or in ``FERRODIST_ETCD_PASSWORD``. Credentials
 go only over TLS (``ca_file``) unless ``insecure_plaintext_credentials=1``.
+
+``--rdzv-id`` is required: torchrun's default run id, ``none``, is the same for every run that
+names none, so two unrelated jobs on one etcd cluster would join one rendezvous (and share every
+key). It is part of the job's etcd prefix, so it takes letters, digits, ``.``, ``_`` and ``-``.
 
 torch finds the backend through the ``torchrun.handlers`` entry point an installed ferrodist
 declares (pyproject.toml); :func:`register` does the same by hand (a checkout that is not
@@ -43,6 +47,7 @@ from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
     create_handler as _dynamic_handler,
 )
 
+from ferrodist import _native
 from ferrodist._etcd_url import PASSWORD_ENV
 from ferrodist.etcd_store import EtcdStore
 
@@ -52,6 +57,7 @@ BACKEND_NAME = "ferrodist-etcd"
 
 _STORE_OPTIONS = ("username", "password_file", "ca_file", "cert_file", "key_file", "tls_domain")
 _INSECURE = "insecure_plaintext_credentials"
+_TORCHRUN_DEFAULT_RUN_ID = "none"
 
 
 class EtcdRendezvousBackend(C10dRendezvousBackend):
@@ -75,12 +81,26 @@ def create_handler(params: RendezvousParameters) -> RendezvousHandler:
             "line is readable by every user of the host, and torch logs the conf); put it in a "
             f"file and pass password_file=PATH, or set {PASSWORD_ENV}"
         )
+    if params.run_id == _TORCHRUN_DEFAULT_RUN_ID:
+        raise ValueError(
+            f"--rdzv-backend={BACKEND_NAME} needs --rdzv-id=ID, unique to the job: torchrun's "
+            f"default id {_TORCHRUN_DEFAULT_RUN_ID!r} is every such run's, so unrelated jobs on "
+            "the etcd cluster would join one rendezvous and share its keys"
+        )
     read_timeout = params.get_as_int("read_timeout", 60) or 60
-    prefix = str(params.get("prefix", "torchrun")).rstrip("/")
+    job = f"{str(params.get('prefix', 'torchrun')).rstrip('/')}/{params.run_id}"
+    try:
+        _native.check_etcd_prefix(job)
+    except ValueError as err:
+        raise ValueError(
+            f"--rdzv-backend={BACKEND_NAME}: --rdzv-conf prefix and --rdzv-id make the job's "
+            f"etcd prefix, which must be letters, digits, '.', '_', '-' joined by single '/' "
+            f"({err})"
+        ) from None
     options = {name: params.get(name) for name in _STORE_OPTIONS if params.get(name) is not None}
     store = EtcdStore(
         params.endpoint,
-        f"{prefix}/{params.run_id}",
+        job,
         timedelta(seconds=read_timeout),
         insecure_plaintext_credentials=bool(params.get_as_bool(_INSECURE, False)),
         **options,

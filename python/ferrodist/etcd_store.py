@@ -60,14 +60,58 @@ def _optional_str(name: str, value: object) -> Optional[str]:
     raise TypeError(f"EtcdStore(): argument '{name}' must be str, not {type(value).__name__}")
 
 
+RUN_ID_ENV = "TORCHELASTIC_RUN_ID"
+"""What torchrun tells its workers the run is called (``--rdzv-id``; a fresh uuid with
+``--standalone``); a store given no prefix takes its job prefix from it."""
+
+_NO_RUN_ID = ("", "none")
+"""Run ids that name no run: unset, and torchrun's default ``--rdzv-id`` (every run without one
+has it)."""
+
+
+def _job_prefix(prefix: Optional[str]) -> str:
+    """``prefix`` (checked in the core), else ``ferrodist/RUN_ID`` from torchrun, else an error:
+    a prefix every unrelated job would get too (the old default, ``"ferrodist"``) is no default.
+    """
+    if prefix is not None:
+        return prefix
+    run_id = os.environ.get(RUN_ID_ENV, "")
+    if run_id in _NO_RUN_ID:
+        told = f"{RUN_ID_ENV}={run_id!r}" if run_id else f"no {RUN_ID_ENV}"
+        raise ValueError(
+            f"EtcdStore(): argument 'prefix' is needed here ({told}: not a torchrun run with "
+            "its own --rdzv-id): name the job, e.g. EtcdStore(endpoints, 'job-42'), with a "
+            "prefix no other job on the cluster uses; without one, unrelated jobs would share "
+            "keys and one job's purge() would delete the others'"
+        )
+    derived = f"ferrodist/{run_id}"
+    try:
+        _native.check_etcd_prefix(derived)
+    except ValueError as err:
+        raise ValueError(
+            f"EtcdStore(): argument 'prefix' omitted and {RUN_ID_ENV} ({run_id!r}) does not "
+            f"make one ({err}); pass a prefix, or a --rdzv-id of letters, digits, '.', '_', '-'"
+        ) from None
+    return derived
+
+
 class EtcdStore(_NativeBackedStore):
     """A store on an etcd cluster (etcd's v3 API), usable wherever torch takes a store.
 
     Args:
         endpoints: the members, as ``"host:port,host:port"`` or a list of ``host:port`` (or
             ``http://`` / ``https://`` URLs).
-        prefix: the job's prefix: every key lives under ``prefix/`` in etcd, so jobs sharing a
-            cluster never see each other's keys, and :meth:`purge` removes a finished job.
+        prefix: the job's prefix: one or more segments of ASCII letters, digits, ``.``,
+            ``_`` and ``-`` joined by single ``/`` (``"job-42"``, ``"team/run-7"``). Every key
+            lives under ``prefix:`` in etcd; no prefix contains a ``:``, so no job's keys lie
+            in another's range (not even ``"a"`` and ``"a/b"``): jobs sharing a cluster never
+            see each other's keys, and :meth:`purge` removes one finished job and nothing
+            else. Omitted, it is the job's own: ``"ferrodist/RUN_ID"`` under torchrun (its
+            ``TORCHELASTIC_RUN_ID``: ``--rdzv-id``, or the id ``--standalone`` draws), so
+            every rank of a run shares it and no other run does. Outside torchrun, or with
+            torchrun's placeholder run id ``"none"`` (no ``--rdzv-id``), there is nothing
+            unique to the job to take: a ``ValueError`` asks for a prefix rather than let
+            unrelated jobs share keys (and one job's :meth:`purge` wipe another's).
         timeout: default timeout of blocking calls (``get``, ``wait``, ...) and the deadline of
             every other call (a zero timeout waits forever, other calls then get 300 s).
         username, password: etcd auth, when the cluster has it enabled. A user name needs a
@@ -85,7 +129,8 @@ class EtcdStore(_NativeBackedStore):
 
     Raises:
         DistNetworkError: no member could be reached before ``timeout``.
-        ValueError: an empty endpoint list, a TLS file that cannot be read, a refused login, a
+        ValueError: an empty endpoint list, an invalid ``prefix`` or none where no run id
+            names the job (see above), a TLS file that cannot be read, a refused login, a
             user name without a password, credentials without TLS (see above), an endpoint
             with ``user:password@`` in it.
 
@@ -101,7 +146,7 @@ class EtcdStore(_NativeBackedStore):
     def __init__(
         self,
         endpoints: Union[str, Sequence[str]],
-        prefix: str = "ferrodist",
+        prefix: Optional[str] = None,
         timeout: timedelta = timedelta(seconds=300),
         *,
         username: Optional[str] = None,
@@ -113,7 +158,7 @@ class EtcdStore(_NativeBackedStore):
         password_file: Optional[_PathLike] = None,
         insecure_plaintext_credentials: bool = False,
     ) -> None:
-        if not isinstance(prefix, str):
+        if prefix is not None and not isinstance(prefix, str):
             raise TypeError(
                 f"EtcdStore(): argument 'prefix' must be str, not {type(prefix).__name__}"
             )
@@ -121,9 +166,10 @@ class EtcdStore(_NativeBackedStore):
             raise TypeError(
                 f"EtcdStore(): argument 'timeout' must be timedelta, not {type(timeout).__name__}"
             )
+        members = _endpoints(endpoints)
         handle = _native.etcd_store(
-            _endpoints(endpoints),
-            prefix,
+            members,
+            _job_prefix(prefix),
             timeout,
             _optional_str("username", username),
             _optional_str("password", password),

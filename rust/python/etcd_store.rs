@@ -13,7 +13,9 @@ use super::blocking::detached;
 use super::errors::to_py;
 use super::store::{PyNativeStore, Timeout};
 use crate::store::etcd::credentials::Redacted;
-use crate::store::etcd::{Credentials, EtcdOptions, EtcdStore, PasswordSource, TlsFiles};
+use crate::store::etcd::{
+    check_prefix, Credentials, EtcdOptions, EtcdStore, PasswordSource, TlsFiles,
+};
 use crate::store::Store;
 
 /// A connected etcd store.
@@ -59,7 +61,7 @@ impl PyEtcdStoreHandle {
 ///
 /// Args:
 ///     endpoints (list[str]): ``host:port`` or ``http(s)://host:port`` of the members.
-///     prefix (str): the job's prefix; every key lives under ``prefix/``.
+///     prefix (str): the job's prefix; every key lives under ``prefix:`` (see ``check_etcd_prefix``).
 ///     timeout (timedelta | float): default timeout of blocking calls, deadline of the others.
 ///     username (str | None), password (str | None): etcd auth; the password may come from
 ///         ``password_file`` or ``FERRODIST_ETCD_PASSWORD`` instead.
@@ -114,9 +116,17 @@ fn etcd_store(
     })
 }
 
+/// Raises ValueError naming the ``prefix`` argument unless ``prefix`` is a valid job prefix:
+/// segments of ASCII letters, digits, ``.``, ``_`` and ``-`` joined by single ``/``.
+#[pyfunction]
+fn check_etcd_prefix(prefix: &str) -> PyResult<()> {
+    check_prefix(prefix).map_err(to_py)
+}
+
 /// Adds the factory and the handle class to the module.
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyEtcdStoreHandle>()?;
     m.add_function(wrap_pyfunction!(etcd_store, m)?)?;
+    m.add_function(wrap_pyfunction!(check_etcd_prefix, m)?)?;
     Ok(())
 }

@@ -2,7 +2,8 @@
 //!
 //! `memory` (the default) is the in-process engine: fastest, and gone with the process.
 //! `etcd://host:port[,host:port...]/PREFIX` serves every request from an etcd cluster through
-//! an `EtcdStore` under `PREFIX/`, so the server holds nothing of its own: one that is killed
+//! an `EtcdStore` of job `PREFIX` (etcd keys `PREFIX:...`; a prefix that could nest in another
+//! job's is refused), so the server holds nothing of its own: one that is killed
 //! and started again, or a second one beside it, serves every key clients were answered about.
 //! Login and TLS come from the `--etcd-*` flags (the password from a file or
 //! `FERRODIST_ETCD_PASSWORD`, never the command line, which `ps` shows to every user: a
@@ -25,7 +26,8 @@ use crate::store::EtcdOptions;
 #[derive(Debug, Clone, Args)]
 pub struct BackendArgs {
     /// Where the state lives: `memory`, or `etcd://HOST:PORT[,HOST:PORT...]/PREFIX` (every key
-    /// under `PREFIX/` in that etcd cluster; `https://` endpoints inside the list also work).
+    /// under `PREFIX:` in that etcd cluster, PREFIX being letters, digits, `.`, `_`, `-` in
+    /// segments joined by single `/`; `https://` endpoints inside the list also work).
     #[arg(long, default_value = "memory", value_name = "memory|etcd://...")]
     pub backend: String,
     /// etcd: deadline of each etcd call in seconds (waits have none: clients bound them).

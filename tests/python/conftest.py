@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import re
 import socket
 from collections.abc import Iterator
 
@@ -52,8 +53,10 @@ def etcd_cluster() -> Iterator[EtcdCluster]:
 
 @pytest.fixture
 def etcd_prefix(request: pytest.FixtureRequest) -> str:
-    """A job prefix no other test uses."""
-    return f"test-{os.getpid()}-{next(_PREFIXES)}-{request.node.name}"
+    """A job prefix no other test uses (the test's name, parameters and all, in the characters
+    a prefix may hold)."""
+    name = re.sub(r"[^A-Za-z0-9._-]", "-", request.node.name)
+    return f"test-{os.getpid()}-{next(_PREFIXES)}-{name}"
 
 
 @pytest.fixture

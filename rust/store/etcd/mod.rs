@@ -48,7 +48,7 @@ use bytes::Bytes;
 use etcd_client::{Client, DeleteOptions, GetOptions, Txn, TxnOp, TxnOpResponse};
 
 pub use credentials::{Credentials, PasswordSource};
-pub use layout::Layout;
+pub use layout::{check_prefix, Layout, MAX_PREFIX_LEN};
 pub use options::{EtcdOptions, TlsFiles};
 
 use self::retry::retrying;
@@ -105,6 +105,7 @@ impl EtcdStore {
     /// Connects to the cluster named by `options`, within its timeout.
     pub fn connect(options: &EtcdOptions) -> Result<Self> {
         options.validate()?;
+        let layout = Layout::new(&options.prefix)?;
         let connect_within = if options.timeout.is_zero() {
             DEFAULT_TIMEOUT
         } else {
@@ -119,7 +120,7 @@ impl EtcdStore {
                 receipts: Receipts::new(),
                 endpoints: options.endpoints.clone(),
             }),
-            layout: Layout::new(&options.prefix),
+            layout,
             timeout: Arc::new(Mutex::new(options.timeout)),
         })
     }
@@ -134,8 +135,9 @@ impl EtcdStore {
         &self.shared.endpoints
     }
 
-    /// Removes every key of the job (values, queues, receipts); returns how many etcd keys
-    /// went. Call it once the job is done: etcd keeps keys until they are deleted.
+    /// Removes every key of the job (values, queues, receipts, rolls) and no other job's (see
+    /// `layout.rs`); returns how many etcd keys went. Call it once the job is done: etcd keeps
+    /// keys until they are deleted.
     pub fn purge(&self) -> Result<i64> {
         let job = self.layout.job();
         self.call("purge", |mut kv| {

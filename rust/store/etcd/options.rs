@@ -12,6 +12,7 @@ use std::time::Duration;
 use etcd_client::{Certificate, Client, ConnectOptions, Identity, TlsOptions};
 
 use super::credentials::{has_userinfo, is_plaintext, Credentials};
+use super::layout::check_prefix;
 use super::retry::retrying;
 use crate::error::{Error, Result};
 use crate::store::Deadline;
@@ -41,7 +42,8 @@ pub struct TlsFiles {
 pub struct EtcdOptions {
     /// `host:port` or `http(s)://host:port` of one or more members.
     pub endpoints: Vec<String>,
-    /// The job's prefix: every key of the store lives under `<prefix>/`.
+    /// The job's prefix: every key of the store lives under `<prefix>:` (`layout.rs` says why;
+    /// [`super::check_prefix`] says which prefixes are valid).
     pub prefix: String,
     /// Default timeout of blocking calls, and the deadline of every other call.
     pub timeout: Duration,
@@ -87,6 +89,7 @@ fn tls_options(files: &TlsFiles) -> Result<TlsOptions> {
 impl EtcdOptions {
     /// Checks the options a caller can get wrong before anything is sent.
     pub fn validate(&self) -> Result<()> {
+        check_prefix(&self.prefix)?;
         if self.endpoints.is_empty() || self.endpoints.iter().any(|e| e.trim().is_empty()) {
             return Err(Error::InvalidArgument(
                 "EtcdStore: endpoints must name at least one host:port, and no empty one".into(),

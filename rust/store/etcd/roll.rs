@@ -11,8 +11,9 @@
 //! there and counts the same or more, so a retry never hides the last member (it can make two
 //! members see n; the rendezvous then writes its `done` key twice, which is harmless).
 //!
-//! Keys: `<prefix>/roll/<length of the roll's name>/<roll>/<member>`. The length keeps one roll's
-//! range from covering another's (a roll `a`'s range would otherwise hold roll `a/b`'s keys).
+//! Keys: `<prefix>:roll/<length of the roll's name>/<roll>/<member>` ([`super::Layout::roll`]).
+//! The length keeps one roll's range from covering another's (a roll `a`'s range would otherwise
+//! hold roll `a/b`'s keys).
 
 use etcd_client::{GetOptions, Txn, TxnOp, TxnOpResponse};
 
@@ -22,9 +23,7 @@ use crate::error::Result;
 impl EtcdStore {
     /// The etcd key range of roll `roll`: every member key starts with it.
     fn roll_range(&self, roll: &str) -> Vec<u8> {
-        let mut range = self.layout.job();
-        range.extend_from_slice(format!("roll/{}/{roll}/", roll.len()).as_bytes());
-        range
+        self.layout.roll(roll)
     }
 
     /// Puts `member`'s key in roll `roll` and counts the roll's keys, in one transaction.

@@ -7,8 +7,8 @@
 //! * **async**, on the process's runtime: a connection waiting on etcd holds no thread, and a
 //!   slow etcd call delays only the connection that made it;
 //! * **raw wire keys** (bytes, torch's `/` prefix included), stored under the same `kv/` and
-//!   `queue/` namespaces, so one etcd prefix read through an `EtcdStore` shows the keys a stock
-//!   client set through the server with their wire names;
+//!   `queue/` namespaces of the job, so the same job read through an `EtcdStore` shows the keys
+//!   a stock client set through the server with their wire names;
 //! * **torch's TCP servers' answers**, as the in-memory engine (`store/db.rs`) gives them: a GET
 //!   of a missing key is empty (clients WAIT first), ADD on an empty value is refused, a
 //!   BARRIER counts arrivals on its key.
