@@ -31,6 +31,9 @@
 //!   arrive, arrival order, the local used map.
 //! * [`fsdp`]: FSDP planning from metadata: the flat-parameter layout (padding, equal shards,
 //!   each rank's parameter slices).
+//! * [`flight`]: the flight recorder: a fixed-size ring of every collective and point-to-point
+//!   op of the process, per-rank summaries, the hang diagnosis (behind, desync, gone) and the
+//!   versioned dump file.
 //!
 //! Not part of this crate: `rust/protoc/`, a build helper that is a crate (and workspace) of
 //! its own. It prints where the `protoc` vendored from crates.io is, for etcd-client's build
@@ -54,6 +57,9 @@ pub mod readiness;
 
 // --- fsdp ---
 pub mod fsdp;
+
+// --- flight recorder ---
+pub mod flight;
 
 #[cfg(feature = "python")]
 pub mod python;

@@ -24,6 +24,8 @@ mod partition;
 mod readiness;
 // --- fsdp ---
 mod fsdp;
+// --- flight recorder ---
+mod flight;
 
 use pyo3::prelude::*;
 
@@ -50,5 +52,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     readiness::register(m)?;
     // --- fsdp ---
     fsdp::register(m)?;
+    // --- flight recorder ---
+    flight::register(m)?;
     Ok(())
 }

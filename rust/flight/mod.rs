@@ -1,0 +1,25 @@
+//! The flight recorder: what every collective and point-to-point op of this process did, kept
+//! in a fixed-size ring so that a hang can be explained after the fact.
+//!
+//! A hang's timeout says only that it timed out. With each rank's recent ops at hand (group,
+//! per-group sequence number, op, shapes, dtypes, reduce op, call site, state) the job can say
+//! which ranks wait in which op and which rank never issued it ([`diagnose`]), which ranks
+//! issued different ops under one sequence number (a desync), and which ranks are gone.
+//!
+//! * [`entry`]: one recorded op and its state.
+//! * [`ring`]: the per-process [`Recorder`], a thread-safe fixed-size ring.
+//! * [`summary`]: the compact per-rank [`RankSummary`] published to the store while hanging.
+//! * [`diagnose`]: summaries of all ranks in, a [`Report`] (behind, desync, gone) out.
+//! * [`dump`]: the versioned dump file a rank writes on timeout or on request.
+
+pub mod diagnose;
+pub mod dump;
+pub mod entry;
+pub mod ring;
+pub mod summary;
+
+pub use diagnose::{diagnose, Behind, BehindRank, Desync, DesyncVariant, Gone, Report};
+pub use dump::Dump;
+pub use entry::{is_p2p, now_ms, Entry, OpState};
+pub use ring::Recorder;
+pub use summary::{RankSummary, Signature};

@@ -1,0 +1,200 @@
+//! The per-process ring of recent ops: fixed size, thread-safe, cheap enough to be on by
+//! default.
+//!
+//! Every op pays one `record` and one `completed`: a lock, a push into a preallocated ring
+//! (the oldest entry is dropped in place when full) and a counter bump, and no allocation
+//! beyond the entry's own strings and vectors. Ids are consecutive, so finding an entry by
+//! id is an index computation, not a search; ids that are unknown or already overwritten are
+//! ignored, because a late completion callback of an op the ring has forgotten is normal.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::{Mutex, MutexGuard};
+
+use super::entry::{is_p2p, now_ms, Entry, OpState};
+use super::summary::{self, RankSummary};
+
+/// The flight recorder of one process: the last `capacity` ops, oldest first.
+pub struct Recorder {
+    capacity: usize,
+    ring: Mutex<Ring>,
+}
+
+struct Ring {
+    entries: VecDeque<Entry>,
+    /// The id the next `record` gets; ids start at 1.
+    next_id: u64,
+    /// The last sequence number of a collective issued on each group.
+    seqs: HashMap<String, u64>,
+    /// The same for point-to-point ops, which only two ranks of a group issue.
+    p2p_seqs: HashMap<String, u64>,
+    /// The id of the op that completed last (0: none yet).
+    last_completed_id: u64,
+    /// That op, once the ring has dropped it (kept by moving it out, not by copying).
+    last_completed_dropped: Option<Entry>,
+}
+
+impl Ring {
+    fn get_mut(&mut self, id: u64) -> Option<&mut Entry> {
+        let first = self.next_id - self.entries.len() as u64;
+        if id < first || id >= self.next_id {
+            return None;
+        }
+        self.entries.get_mut((id - first) as usize)
+    }
+
+    fn last_completed(&self) -> Option<Entry> {
+        if self.last_completed_id == 0 {
+            return None;
+        }
+        let first = self.next_id - self.entries.len() as u64;
+        if self.last_completed_id >= first {
+            self.entries
+                .get((self.last_completed_id - first) as usize)
+                .cloned()
+        } else {
+            self.last_completed_dropped.clone()
+        }
+    }
+}
+
+impl Recorder {
+    /// A recorder that keeps the last `capacity` ops (0 keeps none but still numbers them).
+    pub fn new(capacity: usize) -> Self {
+        Recorder {
+            capacity,
+            ring: Mutex::new(Ring {
+                entries: VecDeque::with_capacity(capacity),
+                next_id: 1,
+                seqs: HashMap::new(),
+                p2p_seqs: HashMap::new(),
+                last_completed_id: 0,
+                last_completed_dropped: None,
+            }),
+        }
+    }
+
+    /// How many ops the ring keeps.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Ring> {
+        // A panic while holding the lock leaves a consistent ring (every step is one push or
+        // one field write), so a poisoned lock is still usable.
+        self.ring.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Records an op as issued now; returns its `(id, seq)` (seq: the next on `group`, on the
+    /// group's point-to-point sequence for a point-to-point op).
+    pub fn record(
+        &self,
+        group: &str,
+        op: String,
+        shapes: Vec<Vec<i64>>,
+        dtypes: Vec<String>,
+        reduce_op: Option<String>,
+        call_site: String,
+    ) -> (u64, u64) {
+        let issued_at = now_ms();
+        let mut ring = self.lock();
+        let seqs = if is_p2p(&op) {
+            &mut ring.p2p_seqs
+        } else {
+            &mut ring.seqs
+        };
+        let seq = match seqs.get_mut(group) {
+            Some(seq) => {
+                *seq += 1;
+                *seq
+            }
+            None => {
+                seqs.insert(group.to_string(), 1);
+                1
+            }
+        };
+        let id = ring.next_id;
+        ring.next_id += 1;
+        if self.capacity == 0 {
+            return (id, seq);
+        }
+        if ring.entries.len() == self.capacity {
+            if let Some(old) = ring.entries.pop_front() {
+                if old.id == ring.last_completed_id {
+                    ring.last_completed_dropped = Some(old);
+                }
+            }
+        }
+        ring.entries.push_back(Entry {
+            id,
+            group: group.to_string(),
+            seq,
+            op,
+            shapes,
+            dtypes,
+            reduce_op,
+            call_site,
+            state: OpState::Issued,
+            issued_at_ms: Some(issued_at),
+            started_at_ms: None,
+            completed_at_ms: None,
+            error: None,
+        });
+        (id, seq)
+    }
+
+    /// The backend started op `id`.
+    pub fn started(&self, id: u64) {
+        let at = now_ms();
+        if let Some(entry) = self.lock().get_mut(id) {
+            if entry.state == OpState::Issued {
+                entry.state = OpState::Started;
+                entry.started_at_ms = Some(at);
+            }
+        }
+    }
+
+    /// Op `id` finished successfully.
+    pub fn completed(&self, id: u64) {
+        let at = now_ms();
+        let mut ring = self.lock();
+        if let Some(entry) = ring.get_mut(id) {
+            if entry.state.is_pending() {
+                entry.state = OpState::Completed;
+                entry.completed_at_ms = Some(at);
+                ring.last_completed_id = id;
+            }
+        }
+    }
+
+    /// Op `id` failed because of `why`.
+    pub fn failed(&self, id: u64, why: &str) {
+        let at = now_ms();
+        if let Some(entry) = self.lock().get_mut(id) {
+            if entry.state.is_pending() {
+                entry.state = OpState::Failed;
+                entry.completed_at_ms = Some(at);
+                entry.error = Some(why.to_string());
+            }
+        }
+    }
+
+    /// A copy of the ring, oldest first.
+    pub fn entries(&self) -> Vec<Entry> {
+        self.lock().entries.iter().cloned().collect()
+    }
+
+    /// This rank's compact summary, with `now_ms` as its heartbeat.
+    pub fn summary(&self, rank: usize, now_ms: u64) -> RankSummary {
+        let ring = self.lock();
+        let last_seq: BTreeMap<String, u64> =
+            ring.seqs.iter().map(|(g, s)| (g.clone(), *s)).collect();
+        summary::build(
+            rank,
+            now_ms,
+            summary::Origin::this_process(),
+            ring.entries.iter(),
+            ring.last_completed(),
+            last_seq,
+        )
+    }
+}

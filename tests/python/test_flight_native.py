@@ -1,0 +1,124 @@
+"""The native flight recorder from Python: recording, summaries and the diagnosis across
+real recorder objects (one per simulated rank), dumps, and bad input refused."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+
+from ferrodist import _native
+
+
+def _op(rec: _native.FlightRecorder, op: str = "all_reduce", site: str = "train.py:88") -> int:
+    op_id, _ = rec.record("WORLD", op, [[4, 4]], ["float32"], "SUM", site)
+    return op_id
+
+
+def test_record_numbers_ops_and_tracks_their_state() -> None:
+    rec = _native.FlightRecorder(3)
+    assert rec.capacity == 3
+    assert rec.record("WORLD", "all_reduce", [[2]], ["float32"], "SUM", "a.py:1") == (1, 1)
+    assert rec.record("pg1", "broadcast", [[2]], ["int64"], None, "a.py:2") == (2, 1)
+    assert rec.record("WORLD", "send", [[2]], ["float32"], None, "a.py:3") == (3, 1)
+    rec.started(1)
+    rec.completed(1)
+    rec.failed(2, "peer reset")
+    rec.completed(12345)  # unknown: ignored
+    entries = rec.entries()
+    assert [e["id"] for e in entries] == [1, 2, 3]
+    assert entries[0]["state"] == "completed"
+    assert entries[0]["shapes"] == [[2]]
+    assert entries[0]["reduce_op"] == "SUM"
+    assert entries[0]["completed_at_ms"] >= entries[0]["issued_at_ms"]
+    assert entries[1]["state"] == "failed" and entries[1]["error"] == "peer reset"
+    assert entries[2]["state"] == "issued" and entries[2]["completed_at_ms"] is None
+    _op(rec)
+    assert [e["id"] for e in rec.entries()] == [2, 3, 4]
+
+
+def test_records_from_many_threads_get_unique_ids() -> None:
+    rec = _native.FlightRecorder(10_000)
+
+    def work() -> None:
+        for _ in range(500):
+            rec.completed(_op(rec))
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    entries = rec.entries()
+    assert [e["seq"] for e in entries] == list(range(1, 2001))
+    assert all(e["state"] == "completed" for e in entries)
+
+
+def test_diagnose_names_the_rank_behind() -> None:
+    ranks = [_native.FlightRecorder(64) for _ in range(4)]
+    for i, rec in enumerate(ranks):
+        for _ in range(5):
+            rec.completed(_op(rec))
+        if i != 2:
+            _op(rec)
+    text, report_json = _native.flight_diagnose(
+        [rec.summary_json(i) for i, rec in enumerate(ranks)], 4, 60.0
+    )
+    assert text.startswith("all_reduce #6 on WORLD: ranks 0-1 and 3 wait in it"), text
+    assert "rank 2 last completed #5 (all_reduce at train.py:88)" in text, text
+    report = json.loads(report_json)
+    assert report["behind"][0]["ranks"][0]["rank"] == 2
+    assert report["desyncs"] == [] and report["gone"] == []
+
+
+def test_diagnose_names_a_desync_and_a_missing_rank() -> None:
+    a, b = _native.FlightRecorder(8), _native.FlightRecorder(8)
+    a.record("WORLD", "all_reduce", [[4]], ["float32"], "SUM", "a.py:10")
+    b.record("WORLD", "broadcast", [[4]], ["float32"], None, "a.py:12")
+    text, report_json = _native.flight_diagnose([a.summary_json(0), b.summary_json(1)], 3, 60.0)
+    assert (
+        "desync at #1 on WORLD: rank 0 all_reduce [[4]] float32 SUM at a.py:10, "
+        "rank 1 broadcast [[4]] float32 at a.py:12"
+    ) in text
+    assert "rank 2 is gone: no summary published" in text
+    assert [g["rank"] for g in json.loads(report_json)["gone"]] == [2]
+
+
+def test_a_clean_job_and_an_infinite_heartbeat_timeout() -> None:
+    ranks = [_native.FlightRecorder(8) for _ in range(2)]
+    for rec in ranks:
+        rec.completed(_op(rec))
+    text, _ = _native.flight_diagnose(
+        [r.summary_json(i) for i, r in enumerate(ranks)], 2, float("inf")
+    )
+    assert text == "no hang found: all 2 ranks report, none is behind or out of step"
+
+
+def test_a_dump_is_versioned_and_summarised() -> None:
+    rec = _native.FlightRecorder(8)
+    rec.completed(_op(rec))
+    _op(rec)
+    dump = json.loads(rec.dump_json(1, 2, "SIGUSR1"))
+    assert dump["format"] == "ferrodist-flight-recorder" and dump["version"] == 1
+    assert (dump["rank"], dump["world_size"], dump["reason"]) == (1, 2, "SIGUSR1")
+    assert [e["state"] for e in dump["entries"]] == ["completed", "issued"]
+    summary = json.loads(_native.flight_summary_from_dump(json.dumps(dump)))
+    assert summary["rank"] == 1 and summary["heartbeat_ms"] == dump["dumped_at_ms"]
+    assert [e["seq"] for e in summary["pending"]] == [2]
+
+
+def test_bad_input_is_refused_with_a_value_error() -> None:
+    rec = _native.FlightRecorder(8)
+    dump = json.loads(rec.dump_json(0, 1, "manual"))
+    dump["version"] = 99
+    with pytest.raises(ValueError, match="version 99 is not supported"):
+        _native.flight_summary_from_dump(json.dumps(dump))
+    with pytest.raises(ValueError, match="format"):
+        _native.flight_summary_from_dump('{"rank": 0}')
+    with pytest.raises(ValueError, match="summary"):
+        _native.flight_diagnose(["{}"], 1, 1.0)
+    with pytest.raises(ValueError, match="heartbeat_timeout_s"):
+        _native.flight_diagnose([], 1, -1.0)
+    with pytest.raises(TypeError):
+        rec.record("WORLD", "all_reduce", [["x"]], ["float32"], None, "a.py:1")  # type: ignore[list-item]
