@@ -10,6 +10,7 @@
 //! * [`ring`]: the per-process [`Recorder`], a thread-safe fixed-size ring.
 //! * [`summary`]: the compact per-rank [`RankSummary`] published to the store while hanging.
 //! * [`diagnose`]: summaries of all ranks in, a [`Report`] (behind, desync, gone) out.
+//! * [`text`]: the report's wording (`Display`).
 //! * [`dump`]: the versioned dump file a rank writes on timeout or on request.
 
 pub mod diagnose;
@@ -17,6 +18,7 @@ pub mod dump;
 pub mod entry;
 pub mod ring;
 pub mod summary;
+pub mod text;
 
 pub use diagnose::{diagnose, Behind, BehindRank, Desync, DesyncVariant, Gone, Report};
 pub use dump::Dump;
