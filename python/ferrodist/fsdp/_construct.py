@@ -15,11 +15,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.fsdp import MixedPrecision, ShardingStrategy
+from torch.distributed.fsdp._wrap_utils import _auto_wrap as torch_auto_wrap
 
 from ferrodist.ddp.module_sync import verify_params_across_ranks
 
 from ._flat import FlatHandle, ParamSlot
-from ._runtime import HYBRID
+from ._shared import HYBRID, is_unit
 
 FLATTENED = "_ferrodist_fsdp_flattened"
 """Marks a parameter some unit has flattened, so enclosing units skip it (torch's rule)."""
@@ -86,11 +87,9 @@ def ignored_params(
             "Cannot pass both `ignored_modules` and `ignored_states` at the same time. "
             "Please just pass `ignored_states`."
         )
-    from ._wrapper import FullyShardedDataParallel
-
     params: set[nn.Parameter] = set()
     for item in list(ignored_modules or []) + list(ignored_states or []):
-        if isinstance(item, FullyShardedDataParallel):
+        if is_unit(item):
             raise ValueError("`ignored_modules` should not include FSDP modules")
         if isinstance(item, nn.Parameter):
             params.add(item)
@@ -110,14 +109,12 @@ def auto_wrap(
     kwargs: dict[str, Any],
     ignored: set[nn.Parameter],
     ignored_modules: Optional[Iterable[nn.Module]],
+    wrapper_cls: type[nn.Module],
 ) -> None:
-    """Wrap submodules per torch's policy objects, with this class as the wrapper."""
-    from torch.distributed.fsdp._wrap_utils import _auto_wrap as torch_auto_wrap
-
-    from ._wrapper import FullyShardedDataParallel
-
+    """Wrap submodules per torch's policy objects, with ``wrapper_cls`` (the FSDP class) as
+    the wrapper."""
     for name, sub in module.named_modules():
-        if isinstance(sub, FullyShardedDataParallel):
+        if is_unit(sub):
             raise ValueError(
                 "FSDP auto wrapping requires modules to not already have "
                 f"FSDP applied but found {name} in\n{module}"
@@ -128,7 +125,7 @@ def auto_wrap(
         set(ignored_modules or []),
         ignored,
         kwargs,
-        FullyShardedDataParallel,
+        wrapper_cls,
     )
 
 

@@ -23,10 +23,10 @@ import torch.nn.functional as F
 from torch.distributed.fsdp import ShardingStrategy, StateDictType
 
 from ._collectives import all_gather_flat
+from ._torch_dtensor import DTensor, Replicate, Shard
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
-    from torch.distributed.tensor import DTensor
 
     from ._wrapper import FullyShardedDataParallel
 
@@ -65,8 +65,6 @@ def wanted(config: Any) -> bool:
 
 def chunk(value: torch.Tensor, mesh: DeviceMesh | None) -> DTensor:
     """``value`` as a DTensor on ``mesh``: this rank keeps a copy of its dim-0 chunk."""
-    from torch.distributed.tensor import DTensor, Replicate, Shard
-
     if mesh is None:
         raise AssertionError("Expected _device_mesh to be not None, got None")
     value = value.detach()
@@ -88,8 +86,6 @@ def chunk(value: torch.Tensor, mesh: DeviceMesh | None) -> DTensor:
 def is_fsdp_layout(value: DTensor) -> bool:
     """Whether ``value`` is laid out as FSDP cuts: replicated, then dim 0 over the last mesh
     dimension."""
-    from torch.distributed.tensor import Replicate, Shard
-
     *outer, last = value.placements
     return all(isinstance(p, Replicate) for p in outer) and last == Shard(0)
 

@@ -18,6 +18,9 @@ ours bit for bit:
 * Alignment padding (``use_orig_params=True``) holds torch's marker value 42; the end padding a
   shard needs is zeros. Neither is ever read by a computation, but both are stepped by the
   optimizer, so matching them keeps flat optimizer states equal to torch's.
+
+What happens to ``flat_param.grad`` after autograd (reduce, offload, hand-over to ``.grad``) is
+the handle's too: its base ``FlatGrads`` (``_flat_grad``) holds that half.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ._collectives import all_gather_flat
+from ._flat_grad import FlatGrads
 from ._layout import FlatParamLayout, ShardParamInfo, plan_flat_param
 
 PADDING_VALUE = 42.0
@@ -47,8 +51,9 @@ class ParamSlot:
     shape: torch.Size
 
 
-class FlatHandle:
-    """The flat parameter of one wrapped unit and its shard/unshard transitions."""
+class FlatHandle(FlatGrads):
+    """The flat parameter of one wrapped unit and its shard/unshard transitions (its gradient's
+    reduction and offload are the methods of ``FlatGrads``)."""
 
     def __init__(
         self,
@@ -105,8 +110,6 @@ class FlatHandle:
         # (what the optimizer steps) lives on the host, pinned so the copies can overlap.
         self.device = local.device
         self.offload_params = offload_params
-        self._cpu_grad: Optional[torch.Tensor] = None
-        self._offload_in_flight = False
         if offload_params and local.device.type != "cpu":
             local = local.cpu().pin_memory()
         self.local_shard: torch.Tensor = local
@@ -123,8 +126,7 @@ class FlatHandle:
         )
         self._free(self.padded_full_precision)
         self._unsharded = not sharded
-        self.saved_grad_shard: Optional[torch.Tensor] = None
-        self.post_backward_called = False
+        self._init_grads()
         if not use_orig_params:
             # The originals are replaced by views of ``flat_param``: holding them here would
             # keep the whole unsharded model alive on every rank.
@@ -164,6 +166,14 @@ class FlatHandle:
         """Whether ``flat_param`` currently holds the whole (unpadded) flat parameter."""
         return self._unsharded
 
+    @property
+    def needs_reshard(self) -> bool:
+        """Whether ``flat_param`` points at something other than the local shard: gathered
+        (sharded), or a device copy of a host shard (NO_SHARD under CPU offload)."""
+        if self.sharded and self._unsharded:
+            return True
+        return self.offload_params and self.flat_param.device != self.local_shard.device
+
     # ----- transitions -----
 
     def unshard(self, full_precision: bool = False) -> None:
@@ -190,31 +200,6 @@ class FlatHandle:
         in the compute dtype when ``low_precision``: moved first, then cast, as torch does."""
         shard = self.local_shard.to(self.device, non_blocking=True)
         return shard.to(self.compute_dtype) if low_precision else shard
-
-    def offload_grad(self, grad: torch.Tensor) -> torch.Tensor:
-        """A reduced gradient where the optimizer steps: on the host under CPU offload.
-
-        The copy goes asynchronously into a pinned buffer reused step after step (what torch
-        does too); ``wait_for_offload`` must run before anything reads it. A gradient kept from
-        an earlier backward may be that very buffer, so accumulation takes a fresh copy.
-        """
-        if not self.offload_params or grad.device == self.local_shard.device:
-            return grad
-        if self.saved_grad_shard is not None:
-            return grad.to(self.local_shard.device)
-        host = self._cpu_grad
-        if host is None or host.shape != grad.shape or host.dtype != grad.dtype:
-            host = torch.empty(grad.shape, dtype=grad.dtype, pin_memory=True)
-            self._cpu_grad = host
-        host.copy_(grad, non_blocking=True)
-        self._offload_in_flight = True
-        return host
-
-    def wait_for_offload(self) -> None:
-        """Block until the asynchronous gradient copies to the host have landed."""
-        if self._offload_in_flight:
-            torch.cuda.current_stream(self.device).synchronize()
-            self._offload_in_flight = False
 
     def reshard(self, free: bool) -> None:
         """Point ``flat_param`` back at the shard; with ``free``, drop the unsharded storage."""
@@ -317,31 +302,6 @@ class FlatHandle:
                 param.data = empty
         for slot, primary in self.shared_slots:
             self._show(slot, self.orig_params[primary], as_param=True)
-
-    @torch.no_grad()
-    def use_sharded_grad_views(self) -> None:
-        """``use_orig_params=True``: each original parameter's grad is its slice of the grad."""
-        grad = self.saved_grad_shard if self.saved_grad_shard is not None else self.flat_param.grad
-        if not self.sharded:
-            views = self.unflat_views(grad) if grad is not None else None
-            for index, param in enumerate(self.orig_params):
-                param.grad = views[index] if views is not None and param.requires_grad else None
-            return
-        for param, info in zip(self.orig_params, self.shard_infos):
-            if grad is None or not info.in_shard or not param.requires_grad:
-                param.grad = None
-            else:
-                assert info.offset_in_shard is not None and info.numel_in_shard is not None
-                param.grad = grad[
-                    info.offset_in_shard : info.offset_in_shard + info.numel_in_shard
-                ].reshape(param.shape)
-
-    def reset_flat_grad_if_orig_grads_none(self) -> None:
-        """``use_orig_params=True``: ``zero_grad(set_to_none=True)`` on the originals frees the
-        flat gradient too (the optimizer never sees ``flat_param``)."""
-        if all(p.grad is None for p in self.orig_params):
-            self.flat_param.grad = None
-        self.flat_param.requires_grad_(any(p.requires_grad for p in self.orig_params))
 
     def full_flat(self) -> torch.Tensor:
         """The unpadded unsharded flat tensor (the handle must be unsharded)."""

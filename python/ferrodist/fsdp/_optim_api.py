@@ -19,6 +19,7 @@ from torch import nn
 from torch.distributed.fsdp import OptimStateKeyType, StateDictType
 
 from . import _optim_state, _optim_state_sharded, _state_dict
+from ._shared import units_under
 
 
 def _warn_legacy(old: str, new: str) -> None:
@@ -33,7 +34,7 @@ def _warn_legacy(old: str, new: str) -> None:
 
 
 def _check_same_orig_params(model: nn.Module) -> None:
-    units = _state_dict.units_under(model)
+    units = units_under(model)
     if units and not all(u._use_orig_params == units[0]._use_orig_params for u in units):
         raise AssertionError("Not all FSDP modules have the same _use_orig_params value")
 

@@ -22,8 +22,10 @@ from typing import TYPE_CHECKING, Any, Optional
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.fsdp import OptimStateKeyType
 
 from ._collectives import all_gather_flat
+from ._shared import clean_name, is_unit
 
 if TYPE_CHECKING:
     from ._flat import FlatHandle
@@ -41,12 +43,10 @@ class _Owner:
 
 def _owners(model: nn.Module) -> tuple[dict[int, _Owner], list[tuple[FlatHandle, list[str]]]]:
     """Every parameter the model exposes, by id, and every unit's handle with its names."""
-    from ._wrapper import FullyShardedDataParallel, clean_name
-
     owners: dict[int, _Owner] = {}
     handles: list[tuple[FlatHandle, list[str]]] = []
     for name, unit in model.named_modules():
-        if not isinstance(unit, FullyShardedDataParallel) or unit._handle is None:
+        if not is_unit(unit) or unit._handle is None:
             continue
         handle = unit._handle
         prefix = clean_name(name)
@@ -341,8 +341,6 @@ def rekey(
     osd: dict[str, Any], key_type: Any, model: nn.Module, optim: Optional[torch.optim.Optimizer]
 ) -> dict[str, Any]:
     """torch's ``rekey_optim_state_dict``: name keys <-> id keys for a FULL state dict."""
-    from torch.distributed.fsdp import OptimStateKeyType
-
     owners, _ = _owners(model)
     if optim is not None:
         params = [p for group in optim.param_groups for p in group["params"]]

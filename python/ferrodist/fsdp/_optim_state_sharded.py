@@ -20,14 +20,15 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed._shard.sharded_tensor import ShardedTensor
+from torch.distributed.fsdp._shard_utils import _create_chunk_sharded_tensor
 
 from . import _dtensor, _optim_state
 from ._collectives import all_gather_flat
+from ._shared import is_unit
+from ._torch_dtensor import DTensor
 
 if TYPE_CHECKING:
-    from torch.distributed._shard.sharded_tensor import ShardedTensor
-    from torch.distributed.tensor import DTensor
-
     from ._flat import FlatHandle
     from ._wrapper import FullyShardedDataParallel
 
@@ -39,12 +40,10 @@ def _managed_handles(model: nn.Module) -> dict[str, FlatHandle]:
 
 
 def _units_by_handle(model: nn.Module) -> dict[int, FullyShardedDataParallel]:
-    from ._wrapper import FullyShardedDataParallel
-
     return {
         id(unit._handle): unit
         for unit in model.modules()
-        if isinstance(unit, FullyShardedDataParallel) and unit._handle is not None
+        if is_unit(unit) and unit._handle is not None
     }
 
 
@@ -52,8 +51,6 @@ def _chunk(value: torch.Tensor, unit: FullyShardedDataParallel) -> ShardedTensor
     """``value`` cut into dim-0 chunks over the unit's group; this rank keeps its own chunk.
     A DTensor on the unit's device mesh where its optimizer config asks for one (torch reads
     each unit's own config)."""
-    from torch.distributed.fsdp._shard_utils import _create_chunk_sharded_tensor
-
     if _dtensor.wanted(unit._optim_state_dict_config):
         return _dtensor.chunk(value, unit._device_mesh)
     handle = unit._handle
@@ -139,9 +136,6 @@ def gathered(model: nn.Module, osd: dict[str, Any]) -> dict[str, Any]:
     The all-gathers run in the model's parameter order, state names sorted, then any other
     entries in the dict's order, so every rank issues them alike.
     """
-    from torch.distributed._shard.sharded_tensor import ShardedTensor
-    from torch.distributed.tensor import DTensor
-
     state = osd.get("state", {})
     order = [fqn for fqn in _managed_handles(model) if fqn in state]
     managed = set(order)

@@ -12,9 +12,7 @@ after backward. ``.grad`` is still set at the end of backward, as without overla
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
-import torch
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from ._flat import FlatHandle
@@ -29,19 +27,8 @@ def step_unit(unit: FullyShardedDataParallel, handle: FlatHandle) -> None:
     optimizer = state.functional_optimizer
     handle.wait_for_offload()
     only = getattr(state, "params_to_optimize", None)
-    for param, grad in _params_and_grads(handle):
+    for param, grad in handle.params_and_grads():
         if grad is None or param.numel() == 0:
             continue
         if only is None or param in only:
             optimizer.step_param(param, grad)
-
-
-def _params_and_grads(handle: FlatHandle) -> list[tuple[torch.Tensor, Any]]:
-    """What the optimizer sees: the flat shard, or each original parameter's shard."""
-    flat = handle.flat_param
-    saved = handle.saved_grad_shard
-    grad = saved if handle.sharded or saved is not None else flat.grad
-    if not handle.use_orig_params:
-        return [(flat, grad)]
-    handle.use_sharded_grad_views()
-    return [(p, p.grad) for p in handle.orig_params if p.requires_grad]

@@ -12,10 +12,9 @@ are needed, but the backward order is autograd's. So, as torch does,
 * a callback queued on autograd's engine at the first pre-backward of the root runs once the
   whole backward is done: it hands each unit's reduced shard to ``.grad`` for the optimizer.
 
-The gradient arithmetic is torch's, step by step, so results are bit-identical: divide by the
-pre-divide factor, reduce-scatter the padded unsharded gradient over the shard group (all-reduce
-for NO_SHARD), all-reduce over the replicate group for hybrid strategies, divide by the
-post-divide factor, and add to any gradient kept from an earlier backward.
+These hooks decide *when* each step runs and with which of the unit's settings; the flat handle
+does the tensor work (``_flat`` for the shards and views, ``_flat_grad`` for the gradient's
+reduction, offload and hand-over, with torch's arithmetic).
 """
 
 from __future__ import annotations
@@ -24,20 +23,18 @@ import functools
 from typing import TYPE_CHECKING, Any, Optional
 
 import torch
-import torch.distributed as dist
-import torch.nn.functional as F
 from torch.autograd import Variable
 from torch.distributed.fsdp import ShardingStrategy
 
-from ._collectives import reduce_scatter_flat
+from ._flat_grad import Reduction
 from ._overlap import step_unit
+from ._shared import HYBRID, units_under
 
 if TYPE_CHECKING:
     from ._flat import FlatHandle
     from ._wrapper import FullyShardedDataParallel
 
 RESHARD_AFTER_FORWARD = (ShardingStrategy.FULL_SHARD, ShardingStrategy.HYBRID_SHARD)
-HYBRID = (ShardingStrategy.HYBRID_SHARD, ShardingStrategy._HYBRID_SHARD_ZERO2)
 
 
 def predivide_factor(world_size: int) -> float:
@@ -47,11 +44,6 @@ def predivide_factor(world_size: int) -> float:
     while world_size % factor == 0 and world_size / factor > factor:
         factor *= 2
     return float(factor)
-
-
-def _divide(tensor: torch.Tensor, factor: float) -> None:
-    if factor > 1:
-        tensor.div_(factor)
 
 
 # ----- forward -----
@@ -114,11 +106,7 @@ def _reshard(
     if not keep_views:
         handle.use_sharded_views()
         if in_forward:
-            grad = handle.flat_param.grad
-            if grad is not None and handle.sharded and grad.numel() == handle.layout.flat_numel:
-                unsharded_grad_views(handle)  # accumulated under no_sync
-            else:
-                handle.use_sharded_grad_views()
+            handle.grad_views_after_forward()
 
 
 # ----- backward -----
@@ -138,23 +126,9 @@ def _pre_backward_hook(unit: FullyShardedDataParallel, grad: torch.Tensor) -> to
         unit._handle_state = "backward_pre"
         handle.unshard()
         handle.use_unsharded_views(as_params=False)
-        _prepare_gradient_for_backward(handle)
+        handle.prepare_grad_for_backward()
     unit._ran_pre_backward = True
     return grad
-
-
-def _prepare_gradient_for_backward(handle: FlatHandle) -> None:
-    """Move a reduced shard kept from an earlier step aside, so autograd starts a new
-    unsharded gradient; the new reduced shard is added to it (gradient accumulation)."""
-    flat = handle.flat_param
-    grad = flat.grad
-    unsharded = torch.Size([handle.layout.flat_numel])
-    # A shard's gradient, or (CPU offload) any gradient on the host, cannot take autograd's
-    # accumulation into the device-side unsharded gradient.
-    if grad is not None and (grad.size() != unsharded or grad.device != flat.device):
-        if grad.size() == handle.local_shard.size():
-            handle.saved_grad_shard = grad.data
-        flat.grad = None
 
 
 def _register_post_backward_hook(unit: FullyShardedDataParallel, handle: FlatHandle) -> None:
@@ -184,83 +158,22 @@ def _post_backward_hook(unit: FullyShardedDataParallel, handle: FlatHandle, *_: 
     _reshard(unit, handle, free)
     if not unit._sync_gradients:
         if handle.use_orig_params:
-            unsharded_grad_views(handle)
+            handle.unsharded_grad_views()
         return
-    if flat.grad.dtype != handle.reduce_dtype and unit._comm_hook is None:
-        flat.grad.data = flat.grad.to(handle.reduce_dtype)
-    if handle.sharded:
-        _reduce_sharded(unit, handle)
-    else:
-        _reduce_unsharded(unit, handle)
-    if handle.use_orig_params:
-        handle.use_sharded_grad_views()
+    handle.reduce_grad(_reduction(unit))
     if unit._overlapped_optim is not None:
         step_unit(unit, handle)
 
 
-@torch.no_grad()
-def unsharded_grad_views(handle: FlatHandle) -> None:
-    """``use_orig_params``: each original's grad is a view of the unsharded flat grad, even
-    while its data is a 1-D shard (``.grad.data`` skips autograd's shape check, as torch does)."""
-    grad = handle.flat_param.grad
-    if grad is None:
-        for param in handle.orig_params:
-            param.grad = None
-        return
-    for param, view in zip(handle.orig_params, handle.unflat_views(grad)):
-        if param.shape != view.shape:
-            if param.grad is None:
-                param.grad = torch.empty_like(param)
-            param.grad.data = view
-        else:
-            param.grad = view
-
-
-def _reduce_sharded(unit: FullyShardedDataParallel, handle: FlatHandle) -> None:
-    flat = handle.flat_param
-    assert flat.grad is not None
-    unsharded = flat.grad.data
-    flat.grad = None
-    pad = handle.layout.padded_unsharded_numel - unsharded.numel()
-    padded = F.pad(unsharded, [0, pad]) if pad > 0 else unsharded
-    shard = torch.empty(handle.layout.shard_numel, dtype=unsharded.dtype, device=unsharded.device)
-    hook = unit._comm_hook
-    if hook is None:
-        _divide(padded, unit._predivide)
-        reduce_scatter_flat(shard, padded, group=handle.group)
-        if unit.sharding_strategy in HYBRID:
-            dist.all_reduce(shard, group=unit._inter_group)
-        _divide(shard, unit._postdivide)
-    else:
-        hook(unit._comm_hook_state, padded, shard)
-    if shard.dtype != handle.flat_param.dtype and unit._comm_hook is None:
-        shard.data = shard.data.to(handle.flat_param.dtype)
-    shard = handle.offload_grad(shard)
-    if handle.saved_grad_shard is not None:
-        handle.saved_grad_shard += shard
-    else:
-        handle.saved_grad_shard = shard
-
-
-def _reduce_unsharded(unit: FullyShardedDataParallel, handle: FlatHandle) -> None:
-    grad = handle.flat_param.grad
-    assert grad is not None
-    hook = unit._comm_hook
-    if hook is None:
-        _divide(grad, unit._predivide)
-        dist.all_reduce(grad, group=handle.group)
-        _divide(grad, unit._postdivide)
-    else:
-        hook(unit._comm_hook_state, grad)
-    if not handle.keep_low_precision_grads and grad.dtype != handle.flat_param.dtype:
-        grad.data = grad.data.to(handle.flat_param.dtype)
-    if handle.offload_params:
-        # The optimizer steps the host copy: the reduced gradient joins any kept from an
-        # earlier backward there (torch's offload overwrites it instead).
-        host = handle.offload_grad(grad)
-        handle.flat_param.grad = None
-        saved = handle.saved_grad_shard
-        handle.saved_grad_shard = host if saved is None else saved.add_(host)
+def _reduction(unit: FullyShardedDataParallel) -> Reduction:
+    """The unit's settings its handle reduces the gradient with."""
+    return Reduction(
+        unit._predivide,
+        unit._postdivide,
+        unit._inter_group if unit.sharding_strategy in HYBRID else None,
+        unit._comm_hook,
+        unit._comm_hook_state,
+    )
 
 
 def _final_callback(root: FullyShardedDataParallel) -> None:
@@ -272,27 +185,20 @@ def _final_callback(root: FullyShardedDataParallel) -> None:
         if handle is None:
             continue
         handle.wait_for_offload()
-        if handle.sharded and handle.is_unsharded:
+        if handle.needs_reshard:  # still gathered: a unit whose gradient never came
             _reshard(unit, handle, free=True)
-        elif handle.offload_params and handle.flat_param.device != handle.local_shard.device:
-            _reshard(unit, handle, free=True)  # NO_SHARD unit whose gradient never came
         if unit._post_backward_hook is not None:
             unit._post_backward_hook[1].remove()
             unit._post_backward_hook = None
         if not handle.flat_param.requires_grad or not root._sync_gradients:
             continue
-        if handle.post_backward_called and handle.saved_grad_shard is not None:
-            handle.flat_param.grad = handle.saved_grad_shard
-        handle.saved_grad_shard = None
-        handle.post_backward_called = False
+        handle.finish_backward()
     root._final_callback_queued = False
 
 
 def lazy_init_root(root: FullyShardedDataParallel) -> None:
     """First forward of the outermost unit: it becomes the root of every unit below it."""
-    from ._wrapper import FullyShardedDataParallel
-
-    units = [m for m in root.modules() if isinstance(m, FullyShardedDataParallel)]
+    units = units_under(root)
     for unit in units:
         unit._is_root = unit is root
         unit._all_units = units if unit is root else []

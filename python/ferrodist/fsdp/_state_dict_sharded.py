@@ -16,9 +16,14 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed._shard.sharded_tensor import Shard, ShardedTensor, init_from_local_shards
+from torch.distributed.fsdp._shard_utils import _create_chunk_sharded_tensor
 from torch.nn.modules.module import _IncompatibleKeys
 
-from . import _dtensor, _state_dict
+from . import _dtensor, _state_dict_full
+from ._collectives import all_gather_flat
+from ._shared import FLAT, WRAPPED, clean_name, is_unit, units_under
+from ._torch_dtensor import DTensor
 
 if TYPE_CHECKING:
     from ._flat import FlatHandle
@@ -30,11 +35,9 @@ if TYPE_CHECKING:
 
 def _flat_keys(unit: FullyShardedDataParallel, prefix: str) -> dict[str, FlatHandle]:
     """The prefixed ``_flat_param`` key of every sharded unit under ``unit``."""
-    from ._wrapper import FLAT, WRAPPED, FullyShardedDataParallel
-
     keys = {}
     for name, sub in nn.Module.named_modules(unit):
-        if isinstance(sub, FullyShardedDataParallel) and sub._handle is not None:
+        if is_unit(sub) and sub._handle is not None:
             if not sub._handle.sharded:
                 raise RuntimeError(
                     "``local_state_dict`` can only be used when parameters are flatten and sharded."
@@ -45,14 +48,10 @@ def _flat_keys(unit: FullyShardedDataParallel, prefix: str) -> dict[str, FlatHan
 
 def local_state_dict(unit: FullyShardedDataParallel, *args: Any, **kwargs: Any) -> Any:
     """torch's LOCAL state dict: buffers, and each unit's unpadded shard as a ShardedTensor."""
-    from torch.distributed._shard.sharded_tensor import Shard, init_from_local_shards
-
-    from ._wrapper import clean_name
-
     prefix = kwargs.get("prefix", args[1] if len(args) > 1 else "")
     flats = _flat_keys(unit, prefix)
     offload = bool(getattr(unit._state_dict_config, "offload_to_cpu", False))
-    with _state_dict.Walking(_state_dict.units_under(unit)):
+    with _state_dict_full.Walking(units_under(unit)):
         raw = nn.Module.state_dict(unit, *args, **kwargs)
 
     def flat_shard(handle: FlatHandle) -> Any:
@@ -82,8 +81,6 @@ def _orig_flat_anchors(raw: Any, flats: dict[str, FlatHandle]) -> dict[str, list
     yields its key; torch adds it once the unit's whole subtree is written. Returns, for the
     last key of each such unit's subtree, the flat keys to put right after it (inner units
     first)."""
-    from ._wrapper import FLAT, WRAPPED
-
     after: dict[str, list[str]] = {}
     keys = list(raw)
     for flat_key, handle in sorted(flats.items(), key=lambda item: -len(item[0])):
@@ -99,10 +96,8 @@ def _orig_flat_anchors(raw: Any, flats: dict[str, FlatHandle]) -> dict[str, list
 def load_local_state_dict(
     unit: FullyShardedDataParallel, state: Any, strict: bool
 ) -> _IncompatibleKeys:
-    from torch.distributed._shard.sharded_tensor import ShardedTensor
-
-    from ._wrapper import clean_name
-
+    """Load torch's LOCAL state dict: each ``_flat_param`` ShardedTensor back into its unit's
+    padded shard, the rest as ``nn.Module`` loads it."""
     flats = _flat_keys(unit, "")
     names = [n for n, _ in nn.Module.named_parameters(unit)]
     names += [n for n, _ in nn.Module.named_buffers(unit)]
@@ -125,11 +120,11 @@ def load_local_state_dict(
             else:
                 value = handle.flat_param.detach()
         translated[full_key] = value
-    with _state_dict.Walking(_state_dict.units_under(unit)):
+    with _state_dict_full.Walking(units_under(unit)):
         result = nn.Module.load_state_dict(unit, translated, strict=False)
     missing = [clean_name(k) for k in result.missing_keys]
     unexpected = [clean_name(k) for k in result.unexpected_keys]
-    return _state_dict.check_strict(unit, missing, unexpected, strict)
+    return _state_dict_full.check_strict(unit, missing, unexpected, strict)
 
 
 # ----- SHARDED: each original parameter chunked along dim 0 across the shard group -----
@@ -137,11 +132,9 @@ def load_local_state_dict(
 
 def _param_units(unit: FullyShardedDataParallel) -> dict[str, FullyShardedDataParallel]:
     """Clean name of every flattened original parameter -> the unit that flattened it."""
-    from ._wrapper import FullyShardedDataParallel, clean_name
-
     out = {}
     for name, sub in nn.Module.named_modules(unit):
-        if isinstance(sub, FullyShardedDataParallel) and sub._handle is not None:
+        if is_unit(sub) and sub._handle is not None:
             handle = sub._handle
             if not handle.sharded:
                 raise RuntimeError(
@@ -158,11 +151,9 @@ def sharded_state_dict(unit: FullyShardedDataParallel, *args: Any, **kwargs: Any
     """torch's SHARDED state dict: the FULL one with every parameter cut into dim-0 chunks,
     one ``ShardedTensor`` (or, with ``_use_dtensor``, one DTensor on the unit's device mesh)
     per parameter: what ``torch.distributed.checkpoint`` saves."""
-    from torch.distributed.fsdp._shard_utils import _create_chunk_sharded_tensor
-
     owners = _param_units(unit)
     config = unit._state_dict_config
-    full = _state_dict.full_state_dict(unit, False, False, *args, **kwargs)
+    full = _state_dict_full.full_state_dict(unit, False, False, *args, **kwargs)
     prefix = kwargs.get("prefix", args[1] if len(args) > 1 else "")
     for key, value in list(full.items()):
         owner = owners.get(key[len(prefix) :])
@@ -186,11 +177,6 @@ def sharded_state_dict(unit: FullyShardedDataParallel, *args: Any, **kwargs: Any
 def gather_sharded(unit: FullyShardedDataParallel, state: Any) -> Any:
     """The FULL state dict a SHARDED one stands for (one all-gather per parameter), from
     ShardedTensors or DTensors alike."""
-    from torch.distributed._shard.sharded_tensor import ShardedTensor
-    from torch.distributed.tensor import DTensor
-
-    from ._collectives import all_gather_flat
-
     owners = _param_units(unit)
     out = type(state)()
     for key, value in state.items():

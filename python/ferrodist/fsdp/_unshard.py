@@ -12,28 +12,22 @@ import math
 import warnings
 from collections.abc import Generator
 from functools import reduce
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from ._collectives import all_gather_flat
+from ._shared import FLAT, is_unit, units_under
 
 if TYPE_CHECKING:
-    from ._flat import FlatHandle
     from ._wrapper import FullyShardedDataParallel
-
-
-FLAT = "_flat_param"
 
 
 def _units(module: nn.Module, recurse: bool) -> list[FullyShardedDataParallel]:
-    from ._wrapper import FullyShardedDataParallel
-
     if recurse:
-        return FullyShardedDataParallel.fsdp_modules(module)
-    return [module] if isinstance(module, FullyShardedDataParallel) else []
+        return units_under(module)
+    return [module] if is_unit(module) else []
 
 
 @contextlib.contextmanager
@@ -76,7 +70,7 @@ def summon(
     grads_saved = []
     if with_grads:
         for handle in handles:
-            grads_saved.append(_unshard_grad(handle))
+            grads_saved.append(handle.unshard_grad())
     show = not rank0_only or dist.get_rank() == 0
     for unit in units:
         unit._summoning = True
@@ -114,23 +108,6 @@ def summon(
                     handle.use_sharded_grad_views()
             else:
                 handle.hide_params()
-
-
-def _unshard_grad(handle: FlatHandle) -> Optional[torch.Tensor]:
-    """Gather the flat gradient (zeros where a rank has none); returns the shard to restore."""
-    flat = handle.flat_param
-    saved = flat.grad
-    if not handle.sharded:
-        if saved is not None and saved.device != flat.device:
-            flat.grad = saved.to(flat.device)  # NO_SHARD under CPU offload
-        return saved
-    shard = saved if saved is not None else torch.zeros_like(handle.local_shard)
-    full = torch.empty(
-        handle.layout.padded_unsharded_numel, dtype=shard.dtype, device=handle.device
-    )
-    all_gather_flat(full, shard.to(handle.device).contiguous(), group=handle.group)
-    flat.grad = full[: handle.layout.flat_numel]
-    return saved
 
 
 def _grad_norm(grads: list[torch.Tensor], norm_type: float, device: torch.device) -> torch.Tensor:

@@ -30,13 +30,10 @@ from torch.distributed.fsdp.api import OptimStateDictConfig
 from . import _construct, _runtime, _state_dict, _unshard
 from ._construct import ProcessGroupArg
 from ._optim_api import OptimStateDictMethods
-from ._runtime import HYBRID
-
-WRAPPED = "_fsdp_wrapped_module"
-FLAT = "_flat_param"
+from ._shared import FLAT, HYBRID, WRAPPED, UnitBase, clean_name, units_under
 
 
-class FullyShardedDataParallel(nn.Module, OptimStateDictMethods):
+class FullyShardedDataParallel(UnitBase, OptimStateDictMethods):
     """Shards a module's parameters across ranks (torch's ``FullyShardedDataParallel``).
 
     Arguments and behaviour are torch 2.13's: each wrapped unit holds its parameters as one flat
@@ -122,6 +119,7 @@ class FullyShardedDataParallel(nn.Module, OptimStateDictMethods):
                 ),
                 ignored,
                 ignored_modules,
+                FullyShardedDataParallel,
             )
         if sync_module_states:
             _construct.sync_module_states(module, self._group, ignored)
@@ -212,11 +210,7 @@ class FullyShardedDataParallel(nn.Module, OptimStateDictMethods):
     @staticmethod
     def fsdp_modules(module: nn.Module, root_only: bool = False) -> list[FullyShardedDataParallel]:
         """Every FSDP instance in ``module``'s tree (only the outermost ones with ``root_only``)."""
-        found = [m for m in module.modules() if isinstance(m, FullyShardedDataParallel)]
-        if not root_only:
-            return found
-        inner = {id(sub) for m in found for sub in m.modules() if sub is not m}
-        return [m for m in found if id(m) not in inner]
+        return units_under(module, root_only)
 
     def apply(self, fn: Callable[[nn.Module], None]) -> FullyShardedDataParallel:
         """``nn.Module.apply`` with the parameters gathered, so ``fn`` sees full tensors."""
@@ -339,9 +333,3 @@ class FullyShardedDataParallel(nn.Module, OptimStateDictMethods):
         for name, unit in self.named_modules():
             if isinstance(unit, FullyShardedDataParallel):
                 yield clean_name(name), unit
-
-
-def clean_name(name: str) -> str:
-    """``name`` without the wrapper segments (torch's clean FQN)."""
-    parts = [part for part in name.split(".") if part and part != WRAPPED]
-    return ".".join(parts)
