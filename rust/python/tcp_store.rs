@@ -12,7 +12,6 @@ use pyo3::prelude::*;
 use super::blocking::detached;
 use super::errors::to_py;
 use super::store::{PyNativeStore, Timeout};
-use crate::error::Error;
 use crate::store::Store;
 use crate::tcp::auth::AuthToken;
 use crate::tcp::{TcpStore, TcpStoreOptions};
@@ -122,14 +121,7 @@ fn tcp_store(
     allow_unauthenticated_torch_clients: bool,
     metrics_addr: Option<String>,
 ) -> PyResult<PyTcpStoreHandle> {
-    let auth_token = match auth_token {
-        Some(text) => Some(AuthToken::new(&text).map_err(|_| {
-            to_py(Error::InvalidArgument(
-                "TCPStore(): argument 'auth_token' is empty".into(),
-            ))
-        })?),
-        None => AuthToken::from_env().map_err(to_py)?,
-    };
+    let auth_token = AuthToken::given_or_env(auth_token.as_deref(), "auth_token").map_err(to_py)?;
     let options = TcpStoreOptions {
         host: host_name,
         port,

@@ -128,6 +128,18 @@ impl AuthToken {
         })
     }
 
+    /// A store's token: `given` (the caller's argument, named `argument` in the error when it
+    /// is blank), else [`AuthToken::from_env`]. One rule for every client and master, so the
+    /// bindings only pass the argument through.
+    pub fn given_or_env(given: Option<&str>, argument: &str) -> Result<Option<AuthToken>> {
+        match given {
+            Some(text) => AuthToken::new(text).map(Some).map_err(|_| {
+                Error::InvalidArgument(format!("TCPStore(): argument '{argument}' is empty"))
+            }),
+            None => AuthToken::from_env(),
+        }
+    }
+
     /// The token from [`TOKEN_ENV`], else from the file [`TOKEN_FILE_ENV`] names; `None` when
     /// neither is set (or [`TOKEN_ENV`] is empty and no file is named).
     pub fn from_env() -> Result<Option<AuthToken>> {

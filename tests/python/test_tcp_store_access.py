@@ -368,3 +368,21 @@ def test_a_store_hosted_in_rank_0_requires_its_token() -> None:
 def test_bad_access_keywords_name_the_argument(keyword: str, value: object, error: type) -> None:
     with pytest.raises(error, match=keyword):
         ferrodist.TCPStore("127.0.0.1", 0, is_master=True, timeout=SHORT, **{keyword: value})
+
+
+def test_a_blank_token_argument_is_refused_by_name_and_the_environment_is_read_without_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    with pytest.raises(ValueError, match="argument 'auth_token' is empty"):
+        ferrodist.TCPStore("127.0.0.1", 0, is_master=True, timeout=LONG, auth_token="  \n")
+    monkeypatch.setenv("FERRODIST_STORE_TOKEN", TOKEN)
+    master = ferrodist.TCPStore("127.0.0.1", 0, is_master=True, timeout=LONG)
+    master.set("k", "v")
+    monkeypatch.delenv("FERRODIST_STORE_TOKEN")
+    with pytest.raises(AuthenticationError):  # the master took the environment's token
+        ferrodist.TCPStore("127.0.0.1", master.port, timeout=LONG)
+    assert (
+        ferrodist.TCPStore("127.0.0.1", master.port, timeout=LONG, auth_token=TOKEN).get("k")
+        == b"v"
+    )
+    master._stop_server()
