@@ -7,6 +7,11 @@ wrappers, because gloo rejects ``PREMUL_SUM`` ("Cannot use ReduceOp.PREMUL_SUM w
 for a premultiplied sum on any backend but NCCL, ferrodist scales the input by the op's factor and
 runs a plain ``SUM`` through the backend, which is what ``PREMUL_SUM`` means. Every other op goes
 straight to torch after one type check. (gloo in torch 2.13 runs ``AVG`` itself.)
+
+Every collective and point-to-point op is recorded in the flight recorder (``ferrodist.debug``)
+on its way to torch, so these are thin wrappers with torch's signatures
+(``ferrodist._recorded_ops``). ``P2POp`` and ``batch_isend_irecv`` stay torch's own: a
+``P2POp`` built with ``ferrodist.isend`` is recorded when torch's ``batch_isend_irecv`` calls it.
 """
 
 from __future__ import annotations
@@ -15,32 +20,9 @@ from typing import Any, Optional
 
 import torch
 import torch.distributed as _tdist
-from torch.distributed import (
-    P2POp,
-    all_gather,
-    all_gather_coalesced,
-    all_gather_into_tensor,
-    all_gather_object,
-    all_reduce_coalesced,
-    all_to_all,
-    all_to_all_single,
-    barrier,
-    batch_isend_irecv,
-    broadcast,
-    broadcast_object_list,
-    gather,
-    gather_object,
-    irecv,
-    isend,
-    monitored_barrier,
-    recv,
-    recv_object_list,
-    scatter,
-    scatter_object_list,
-    send,
-    send_object_list,
-)
+from torch.distributed import P2POp, batch_isend_irecv
 
+from ferrodist._recorded_ops import collective, p2p
 from ferrodist.c10d import ProcessGroup, ReduceOp, Work
 
 __all__ = [
@@ -114,7 +96,7 @@ def _premultiplied(
     return input * factor, _SUM
 
 
-def all_reduce(
+def _all_reduce(
     tensor: torch.Tensor,
     op: Any = _SUM,
     group: Optional[ProcessGroup] = None,
@@ -128,7 +110,7 @@ def all_reduce(
     return _torch_all_reduce(tensor, op, group, async_op)
 
 
-def reduce(
+def _reduce(
     tensor: torch.Tensor,
     dst: Optional[int] = None,
     op: Any = _SUM,
@@ -155,7 +137,7 @@ def reduce(
     return _torch_reduce(tensor, dst, op, group, async_op, group_dst)
 
 
-def reduce_scatter(
+def _reduce_scatter(
     output: torch.Tensor,
     input_list: list[torch.Tensor],
     op: Any = _SUM,
@@ -170,7 +152,7 @@ def reduce_scatter(
     return _torch_reduce_scatter(output, input_list, op, group, async_op)
 
 
-def reduce_scatter_tensor(
+def _reduce_scatter_tensor(
     output: torch.Tensor,
     input: torch.Tensor,
     op: Any = _SUM,
@@ -185,7 +167,7 @@ def reduce_scatter_tensor(
 if hasattr(_tdist, "reduce_scatter_single"):  # torch >= 2.13
     _torch_reduce_scatter_single = _tdist.reduce_scatter_single
 
-    def reduce_scatter_single(
+    def _reduce_scatter_single(
         output: torch.Tensor,
         input: torch.Tensor,
         op: Any = _SUM,
@@ -196,4 +178,41 @@ if hasattr(_tdist, "reduce_scatter_single"):  # torch >= 2.13
         input, op = _premultiplied(op, output, input, group)
         return _torch_reduce_scatter_single(output, input, op, group, async_op)
 
+    reduce_scatter_single = collective(
+        "reduce_scatter_single", _reduce_scatter_single, "input", "op"
+    )
     __all__ += ["reduce_scatter_single"]
+
+all_reduce = collective("all_reduce", _all_reduce, "tensor", "op")
+reduce = collective("reduce", _reduce, "tensor", "op")
+reduce_scatter = collective("reduce_scatter", _reduce_scatter, "input_list", "op")
+reduce_scatter_tensor = collective("reduce_scatter_tensor", _reduce_scatter_tensor, "input", "op")
+all_reduce_coalesced = collective(
+    "all_reduce_coalesced", _tdist.all_reduce_coalesced, "tensors", "op"
+)
+all_gather = collective("all_gather", _tdist.all_gather, "tensor")
+all_gather_coalesced = collective(
+    "all_gather_coalesced", _tdist.all_gather_coalesced, "input_tensor_list"
+)
+all_gather_into_tensor = collective(
+    "all_gather_into_tensor", _tdist.all_gather_into_tensor, "input_tensor"
+)
+all_gather_object = collective("all_gather_object", _tdist.all_gather_object)
+all_to_all = collective("all_to_all", _tdist.all_to_all, "input_tensor_list", dtypes_only=True)
+all_to_all_single = collective(
+    "all_to_all_single", _tdist.all_to_all_single, "input", dtypes_only=True
+)
+barrier = collective("barrier", _tdist.barrier)
+monitored_barrier = collective("monitored_barrier", _tdist.monitored_barrier)
+broadcast = collective("broadcast", _tdist.broadcast, "tensor")
+broadcast_object_list = collective("broadcast_object_list", _tdist.broadcast_object_list)
+gather = collective("gather", _tdist.gather, "tensor")
+gather_object = collective("gather_object", _tdist.gather_object)
+scatter = collective("scatter", _tdist.scatter, "tensor")
+scatter_object_list = collective("scatter_object_list", _tdist.scatter_object_list)
+send = p2p("send", _tdist.send, sending=True, is_async=False)
+recv = p2p("recv", _tdist.recv, sending=False, is_async=False)
+isend = p2p("isend", _tdist.isend, sending=True, is_async=True)
+irecv = p2p("irecv", _tdist.irecv, sending=False, is_async=True)
+send_object_list = p2p("send_object_list", _tdist.send_object_list, sending=True, is_async=False)
+recv_object_list = p2p("recv_object_list", _tdist.recv_object_list, sending=False, is_async=False)

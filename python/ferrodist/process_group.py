@@ -15,6 +15,10 @@ our rendezvous made), later calls such as ``new_group()`` fail with torch's "Not
 assertion. ``_default_group_stores`` keeps them alive until ``destroy_process_group`` ends the
 default group, which also lets rank 0's embedded server stop and free its port.
 
+While the default group lives, the flight recorder's watchdog thread (``ferrodist.debug``)
+publishes this rank's op summary to the group's store and diagnoses hangs; it starts here and
+stops before the group is destroyed.
+
 Why a destroyed group must really end, and before the interpreter does (its gloo threads may
 otherwise abort the process at exit): ``ferrodist._group_release``.
 """
@@ -53,6 +57,7 @@ from torch.distributed import (
 )
 
 from ferrodist import _group_release, _rendezvous
+from ferrodist.debug import _watchdog
 from ferrodist.prefix_store import PrefixStore
 
 __all__ = [
@@ -93,6 +98,8 @@ _rendezvous_stores: list[_tdist.Store] = []
 def destroy_process_group(group: Optional[_tdist.ProcessGroup] = None) -> None:
     """``torch.distributed.destroy_process_group``; ending the default group releases its stores."""
     ends_default = group is None or group is _tdist.GroupMember.WORLD
+    if ends_default:
+        _watchdog.stop()
     _tdist.destroy_process_group(group)
     if ends_default:
         _stop_servers(_rendezvous_stores)
@@ -205,3 +212,5 @@ def init_process_group(
         raise
     _default_group_stores[:] = stores
     _rendezvous_stores[:] = stores if store_given is None else []
+    # The flight recorder's hang watchdog publishes to the store every rank shares.
+    _watchdog.start(stores[0], get_rank(), get_world_size(), timeout)

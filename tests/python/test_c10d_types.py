@@ -26,17 +26,19 @@ TORCH_OBJECTS = [
     "_register_process_group", "_resolve_process_group", "_unregister_process_group",
     "_unregister_all_process_groups", "_set_global_rank", "_hash_tensors",
     "_make_nccl_premul_sum", "_test_python_store", "ProcessGroupGloo", "ProcessGroupNCCL",
-    "_DistributedBackendOptions", "P2POp", "batch_isend_irecv", "broadcast", "all_gather",
-    "all_gather_into_tensor", "gather", "scatter", "all_to_all", "all_to_all_single", "send",
-    "recv", "isend", "irecv", "barrier", "monitored_barrier", "all_gather_object",
-    "broadcast_object_list", "gather_object", "scatter_object_list", "send_object_list",
-    "recv_object_list", "is_initialized", "get_rank", "get_world_size",
+    "_DistributedBackendOptions", "P2POp", "batch_isend_irecv", "is_initialized", "get_rank",
+    "get_world_size",
     "get_backend", "new_group", "new_subgroups", "new_subgroups_by_enumeration",
     "get_process_group_ranks", "get_global_rank", "get_group_rank",
 ]  # fmt: skip
 WRAPPED = [
     "all_reduce", "reduce", "reduce_scatter", "reduce_scatter_tensor", "init_process_group",
     "destroy_process_group",
+    # recorded in the flight recorder (ferrodist.debug) on their way to torch
+    "broadcast", "all_gather", "all_gather_into_tensor", "gather", "scatter", "all_to_all",
+    "all_to_all_single", "send", "recv", "isend", "irecv", "barrier", "monitored_barrier",
+    "all_gather_object", "broadcast_object_list", "gather_object", "scatter_object_list",
+    "send_object_list", "recv_object_list", "all_reduce_coalesced", "all_gather_coalesced",
 ]  # fmt: skip
 
 

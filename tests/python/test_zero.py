@@ -9,6 +9,8 @@ uneven inputs, optimizer overlap (``register_ddp``) and ShardedOptimizer over DT
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 import torch.multiprocessing as mp
 from _zero_workers import OPTIMIZERS, backward, make_model, param_groups, run_world
@@ -21,6 +23,10 @@ def _warm_up() -> None:
         opt = cls(param_groups(model), **kwargs)
         backward(model, seed=0)
         opt.step()
+    # Earlier tests in this process may leave DDP modules in reference cycles that hold a
+    # destroyed group; collected in a forked child, its gloo destructor waits on threads the
+    # child does not have, and the world hangs. Collect them here, before forking.
+    gc.collect()
 
 
 @pytest.mark.slow

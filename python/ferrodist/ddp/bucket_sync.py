@@ -12,6 +12,10 @@ from typing import Any
 import torch
 import torch.distributed as tdist
 
+from ferrodist._recorded_ops import collective
+
+_broadcast = collective("ddp.broadcast", tdist.broadcast, "tensor")
+
 
 def _global_rank(process_group: Any, group_rank: int) -> int:
     if process_group is None or process_group is tdist.GroupMember.WORLD:
@@ -26,11 +30,11 @@ def broadcast_bucket_layout(
     src = _global_rank(process_group, 0)
     flat = [len(indices), *map(len, indices), *limits, *(i for b in indices for i in b)]
     count = torch.tensor([len(flat)], dtype=torch.int64, device=device)
-    tdist.broadcast(count, src=src, group=process_group)
+    _broadcast(count, src=src, group=process_group)
     payload = torch.tensor(flat, dtype=torch.int64, device=device)
     if int(count.item()) != len(flat):
         payload = torch.zeros(int(count.item()), dtype=torch.int64, device=device)
-    tdist.broadcast(payload, src=src, group=process_group)
+    _broadcast(payload, src=src, group=process_group)
     values = payload.tolist()
     n = values[0]
     sizes, agreed_limits = values[1 : 1 + n], values[1 + n : 1 + 2 * n]

@@ -15,10 +15,13 @@ from typing import Any, Callable, NoReturn
 import torch
 import torch.distributed as tdist
 
+from ferrodist._recorded_ops import collective
 from ferrodist.ddp.grad_bucket import GradBucket
 
 CommHook = Callable[[Any, GradBucket], "torch.futures.Future[torch.Tensor]"]
 Fail = Callable[[type[Exception], str], NoReturn]
+
+_all_reduce = collective("ddp.all_reduce", tdist.all_reduce, "tensor", "op")
 """Raises an error of the given class with the given message (and may record it first)."""
 
 
@@ -39,7 +42,7 @@ def allreduce_sum_future(
     process_group: Any, tensor: torch.Tensor
 ) -> torch.futures.Future[torch.Tensor]:
     """Start a SUM all-reduce of ``tensor`` in place; the future yields ``tensor``."""
-    work = tdist.all_reduce(tensor, group=process_group, async_op=True)
+    work = _all_reduce(tensor, group=process_group, async_op=True)
     assert work is not None
     return work.get_future().then(lambda fut: fut.value()[0])
 

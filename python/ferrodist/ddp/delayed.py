@@ -14,7 +14,10 @@ from typing import Any, Optional, Sequence
 import torch
 import torch.distributed as tdist
 
+from ferrodist._recorded_ops import collective
 from ferrodist.ddp import module_sync
+
+_all_reduce = collective("ddp.all_reduce", tdist.all_reduce, "tensor", "op")
 
 
 class DelayedAllReduce:
@@ -41,7 +44,7 @@ class DelayedAllReduce:
 
     def _reduce(self, grad: torch.Tensor) -> torch.Tensor:
         self.buffer.div_(tdist.get_world_size(self._process_group))
-        tdist.all_reduce(self.buffer, group=self._process_group, async_op=True)
+        _all_reduce(self.buffer, group=self._process_group, async_op=True)
         return grad
 
     def point_grads_at_buffer(self) -> None:

@@ -14,10 +14,13 @@ import torch
 import torch.distributed as tdist
 from torch.distributed.algorithms.join import Join, JoinHook
 
+from ferrodist._recorded_ops import collective
 from ferrodist.ddp import module_sync
 
 if TYPE_CHECKING:
     from ferrodist.ddp.data_parallel import DistributedDataParallel
+
+_all_reduce = collective("ddp.join.all_reduce", tdist.all_reduce, "tensor", "op")
 
 
 class DDPJoinHook(JoinHook):
@@ -95,7 +98,7 @@ class DDPJoinSupport:
     def _check_global_requires_backward_grad_sync(self, is_joined_rank: bool) -> Optional[bool]:
         wants = not is_joined_rank and self.require_backward_grad_sync
         flag = torch.ones(1, device=self.device) if wants else torch.zeros(1, device=self.device)
-        work = tdist.all_reduce(flag, group=self.process_group, async_op=True)
+        work = _all_reduce(flag, group=self.process_group, async_op=True)
         if not is_joined_rank:
             return None
         assert work is not None
@@ -111,7 +114,7 @@ class DDPJoinSupport:
 
     def _match_unused_params_allreduce(self) -> None:
         used = self.reducer._get_local_used_map().to(self.device, copy=True)
-        tdist.all_reduce(used, group=self.process_group)
+        _all_reduce(used, group=self.process_group)
 
     def _sync_final_model(self, is_last_joiner: bool) -> None:
         self._authoritative_rank = self._find_common_rank(self._distributed_rank, is_last_joiner)
@@ -121,7 +124,7 @@ class DDPJoinSupport:
     def _find_common_rank(self, input_rank: int, rank_cond: bool) -> int:
         """The largest ``input_rank`` among the ranks passing ``rank_cond=True``."""
         value = torch.tensor([input_rank if rank_cond else -1], device=self.device)
-        tdist.all_reduce(value, op=tdist.ReduceOp.MAX, group=self.process_group)
+        _all_reduce(value, op=tdist.ReduceOp.MAX, group=self.process_group)
         if int(value.item()) == -1:
             raise ValueError(
                 "BUG! Expected rank_cond to be true for at least one process. This indicates "

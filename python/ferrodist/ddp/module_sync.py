@@ -12,9 +12,12 @@ from typing import Any, Sequence
 import torch
 import torch.distributed as tdist
 
+from ferrodist._recorded_ops import collective
+from ferrodist.debug import _recorder as _flight
 from ferrodist.errors import DistError
 
 _BROADCAST_BUCKET_BYTES = 250 * 1024 * 1024
+_all_gather_object = collective("ddp.all_gather_object", tdist.all_gather_object)
 
 
 def _describe(names: Sequence[str], params: Sequence[torch.Tensor]) -> list[tuple[str, str]]:
@@ -34,7 +37,7 @@ def verify_params_across_ranks(
     (``wrapper`` names the caller in the message: DDP, FSDP)."""
     mine = _describe(names, params)
     everyone: list[Any] = [None] * process_group.size()
-    tdist.all_gather_object(everyone, mine, group=process_group)
+    _all_gather_object(everyone, mine, group=process_group)
     reference = everyone[0]
     problems = []
     for rank, theirs in enumerate(everyone[1:], start=1):
@@ -59,7 +62,7 @@ def broadcast_tensors(process_group: Any, tensors: Sequence[torch.Tensor], src: 
     """Overwrite ``tensors`` with group rank ``src``'s values, in coalesced broadcasts."""
     if not tensors:
         return
+    run = tdist._broadcast_coalesced  # type: ignore[attr-defined]
+    args = (process_group, list(tensors), _BROADCAST_BUCKET_BYTES, src)
     with torch.no_grad():
-        tdist._broadcast_coalesced(  # type: ignore[attr-defined]
-            process_group, list(tensors), _BROADCAST_BUCKET_BYTES, src
-        )
+        _flight.run("ddp.broadcast_coalesced", process_group, tensors, None, False, run, *args)

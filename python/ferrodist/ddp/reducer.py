@@ -28,6 +28,7 @@ import torch
 import torch.distributed as tdist
 
 from ferrodist import _native
+from ferrodist._recorded_ops import collective
 from ferrodist.ddp import _bucket_assignment, comm_hook
 from ferrodist.ddp.bucket import SMALL_NUMEL, Bucket
 from ferrodist.ddp.bucket_sync import broadcast_bucket_layout
@@ -35,6 +36,9 @@ from ferrodist.ddp.grad_bucket import GradBucket
 from ferrodist.ddp.reducer_join import ReducerJoinSupport
 from ferrodist.ddp.reducer_state import RuntimeTimes, unfinished_reduction_message
 from ferrodist.ddp.unused import reachable_parameters
+from ferrodist.debug import _recorder as _flight
+
+_all_reduce = collective("ddp.all_reduce", tdist.all_reduce, "tensor", "op")
 
 
 def _engine_callback(fn: Callable[[], None]) -> None:
@@ -337,11 +341,19 @@ class Reducer(ReducerJoinSupport):
         group, a coalescing block, a tensor subclass). A complex bucket still goes through it,
         for its view as real numbers.
         """
-        if buffer.is_complex():
-            work = tdist.all_reduce(buffer, group=self._process_group, async_op=True)
-            assert work is not None
-        else:
-            work = self._process_group.allreduce([buffer], self._all_reduce_options)
+        group = self._process_group
+        ident = _flight.begin("ddp.all_reduce", _flight.describe_group(group), (buffer,), "SUM")
+        try:
+            if buffer.is_complex():
+                work = tdist.all_reduce(buffer, group=group, async_op=True)
+                assert work is not None
+            else:
+                work = group.allreduce([buffer], self._all_reduce_options)
+        except BaseException as e:
+            _flight.fail(ident, e)
+            raise
+        if ident is not None:
+            _flight.watch(ident, work)
         return work.get_future()
 
     @property
@@ -360,9 +372,7 @@ class Reducer(ReducerJoinSupport):
     def _all_reduce_local_used_map(self) -> None:
         # on the parameters' device: NCCL reduces only device tensors
         self._global_used = self._local_used.to(self._params[0].device, copy=True)
-        self._used_work = tdist.all_reduce(
-            self._global_used, group=self._process_group, async_op=True
-        )
+        self._used_work = _all_reduce(self._global_used, group=self._process_group, async_op=True)
 
     def _end_of_backward(self) -> None:
         self.times.backward_compute_end = time.time_ns()

@@ -22,7 +22,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from ._collectives import all_gather_flat, reduce_scatter_flat
+from ._collectives import all_gather_flat, all_reduce, reduce_scatter_flat
 
 if TYPE_CHECKING:
     from ._layout import FlatParamLayout, ShardParamInfo
@@ -124,7 +124,7 @@ class FlatGrads:
             _divide(padded, reduction.predivide)
             reduce_scatter_flat(shard, padded, group=self.group)
             if reduction.replicate_group is not None:
-                dist.all_reduce(shard, group=reduction.replicate_group)
+                all_reduce(shard, group=reduction.replicate_group)
             _divide(shard, reduction.postdivide)
         else:
             reduction.hook(reduction.hook_state, padded, shard)
@@ -141,7 +141,7 @@ class FlatGrads:
         assert grad is not None
         if reduction.hook is None:
             _divide(grad, reduction.predivide)
-            dist.all_reduce(grad, group=self.group)
+            all_reduce(grad, group=self.group)
             _divide(grad, reduction.postdivide)
         else:
             reduction.hook(reduction.hook_state, grad)

@@ -26,6 +26,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ferrodist.debug import _recorder as _flight
+
 
 @dataclass(frozen=True)
 class TensorSlot:
@@ -80,29 +82,37 @@ def send_shard(shard: Any, dst: int, group: Any, device: torch.device) -> None:
     tensors: list[torch.Tensor] = []
     header = pickle.dumps(_strip_tensors(shard, tensors), protocol=pickle.HIGHEST_PROTOCOL)
     header_tensor = torch.frombuffer(bytearray(header), dtype=torch.uint8).to(device)
-    dist.send(torch.tensor([len(header)], dtype=torch.int64, device=device), dst, group)
-    dist.send(header_tensor, dst, group)
+    _send(torch.tensor([len(header)], dtype=torch.int64, device=device), dst, group)
+    _send(header_tensor, dst, group)
     del header, header_tensor
     for tensor in tensors:
-        dist.send(tensor.to(device).contiguous(), dst, group)
+        _send(tensor.to(device).contiguous(), dst, group)
+
+
+def _send(tensor: torch.Tensor, dst: int, group: Any) -> None:
+    _flight.run_p2p("zero", group, dst, True, tensor, dist.send, tensor, dst, group)
+
+
+def _recv(tensor: torch.Tensor, src: int, group: Any) -> None:
+    _flight.run_p2p("zero", group, src, False, tensor, dist.recv, tensor, src, group)
 
 
 def recv_shard(src: int, group: Any, device: torch.device) -> Any:
     """Receive a shard sent by :func:`send_shard` from global rank ``src``; tensors land on CPU."""
     length = torch.zeros(1, dtype=torch.int64, device=device)
-    dist.recv(length, src, group)
+    _recv(length, src, group)
     header_tensor = torch.empty(int(length.item()), dtype=torch.uint8, device=device)
-    dist.recv(header_tensor, src, group)
+    _recv(header_tensor, src, group)
     structure = pickle.loads(header_tensor.cpu().numpy().tobytes())
     del header_tensor
     tensors: list[torch.Tensor] = []
     for slot in sorted(_slots(structure), key=lambda s: s.index):
         if device.type == "cpu":
             out = torch.empty(slot.shape, dtype=slot.dtype)
-            dist.recv(out, src, group)
+            _recv(out, src, group)
         else:
             staging = torch.empty(slot.shape, dtype=slot.dtype, device=device)
-            dist.recv(staging, src, group)
+            _recv(staging, src, group)
             out = staging.cpu()
             del staging
         tensors.append(out)

@@ -25,6 +25,7 @@ import torch.distributed as dist
 from torch.distributed.algorithms.join import Join, Joinable, JoinHook
 from torch.optim import Optimizer
 
+from ferrodist._recorded_ops import collective
 from ferrodist.optim import _bucket_view, _checkpoint
 from ferrodist.optim._overlap_state import (
     _DDPBucketAssignment,
@@ -43,6 +44,8 @@ from ferrodist.optim._partition import partition_param_groups
 __all__ = ["ZeroRedundancyOptimizer"]
 
 logger = logging.getLogger(__name__)
+
+_broadcast = collective("zero.broadcast", dist.broadcast, "tensor")
 
 
 class _ZeROJoinHook(JoinHook):
@@ -366,9 +369,7 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable):
             tensors = [per_rank[rank] for per_rank in self._buckets]
         else:
             tensors = [p.data for g in self._partition_parameters()[rank] for p in g["params"]]
-        return [
-            dist.broadcast(t, src=src, group=self.process_group, async_op=True) for t in tensors
-        ]
+        return [_broadcast(t, src=src, group=self.process_group, async_op=True) for t in tensors]
 
     def _sync_params(self) -> None:
         """Give every rank every shard's updated parameters."""

@@ -1,0 +1,181 @@
+"""The flight recorder's cost: per op, and on DDP and FSDP steps, recording on vs off.
+
+Part 1 (one process, gloo world of 1): the time of one ``ferrodist.all_reduce`` of a 4-element
+tensor (a) through torch directly, (b) through ferrodist with recording off, (c) with it on;
+(c) - (b) is what recording adds to an op. Also the same for ``isend`` + ``wait`` (the
+point-to-point path) and an async all-reduce (the polled completion).
+
+Part 2 (world 2, gloo): a many-tensor model (``--layers`` x ``Linear(w, w)``) trained with
+ferrodist's DDP (small buckets, so many all-reduces per step) and with ferrodist's FSDP (one
+unit per layer: an all-gather and a reduce-scatter per layer per step), recording on and off in
+alternating rounds of the same processes (the recorder is switched off by hiding it, as
+``FERRODIST_FLIGHT_RECORDER=0`` does at start), so machine noise hits both alike. The watchdog
+thread runs throughout, as it does in a job.
+
+    ./scripts/bench benches/flight_overhead.py [--layers 200] [--width 32] [--steps 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import socket
+import statistics
+import time
+from datetime import timedelta
+from typing import Any, Callable
+
+import torch
+
+import ferrodist as dist
+from ferrodist.debug import _recorder
+
+
+def _switch(on: bool, saved: Any) -> None:
+    _recorder._State.decided = True
+    _recorder._State.recorder = saved if on else None
+
+
+def _per_op(fn: Callable[[], Any], n: int) -> float:
+    for _ in range(n // 10):
+        fn()
+    start = time.perf_counter()
+    for _ in range(n):
+        fn()
+    return (time.perf_counter() - start) / n * 1e6
+
+
+def part1(n: int) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    saved = _recorder.recorder()
+    t = torch.ones(4)
+    torch_all_reduce = torch.distributed.all_reduce
+    cases = {
+        "all_reduce": lambda: dist.all_reduce(t),
+        "all_reduce async + wait": lambda: dist.all_reduce(t, async_op=True).wait(),
+        "broadcast": lambda: dist.broadcast(t, 0),
+    }
+    print(f"per op, world 1, gloo, median of 5 runs of {n} ops (microseconds)")
+    print(f"{'op':<26}{'torch':>9}{'off':>9}{'on':>9}{'on - off':>10}")
+    for name, fn in cases.items():
+        rows: dict[str, list[float]] = {"torch": [], "off": [], "on": []}
+        for _ in range(5):
+            if name == "all_reduce":
+                rows["torch"].append(_per_op(lambda: torch_all_reduce(t), n))
+            for mode in ("off", "on"):
+                _switch(mode == "on", saved)
+                rows[mode].append(_per_op(fn, n))
+        med = {k: statistics.median(v) if v else float("nan") for k, v in rows.items()}
+        print(
+            f"{name:<26}{med['torch']:>9.1f}{med['off']:>9.1f}{med['on']:>9.1f}"
+            f"{med['on'] - med['off']:>10.1f}"
+        )
+    _switch(True, saved)
+    dist.destroy_process_group()
+
+
+def _last_id(rec: Any) -> int:
+    """The id of the newest op in the ring (ids count every op, the ring keeps the last few)."""
+    entries = rec.entries() if rec is not None else []
+    return int(entries[-1]["id"]) if entries else 0
+
+
+def _model(layers: int, width: int) -> torch.nn.Module:
+    return torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(layers)])
+
+
+def _worker(rank: int, port: int, args: argparse.Namespace, out: Any) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=2,
+        timeout=timedelta(seconds=120),
+    )
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+    from ferrodist.ddp import DistributedDataParallel
+    from ferrodist.fsdp import FullyShardedDataParallel
+
+    saved = _recorder.recorder()
+    torch.manual_seed(0)
+    models = {
+        "ddp": DistributedDataParallel(
+            _model(args.layers, args.width), bucket_cap_mb=args.bucket_mb
+        ),
+        "fsdp": FullyShardedDataParallel(
+            _model(args.layers, args.width),
+            auto_wrap_policy=ModuleWrapPolicy({torch.nn.Linear}),
+        ),
+    }
+    x = torch.randn(16, args.width)
+    times: dict[str, list[float]] = {f"{k} {m}": [] for k in models for m in ("off", "on")}
+    ops_per_step: dict[str, int] = {}
+    for round_ in range(args.rounds):
+        for mode in ("off", "on") if round_ % 2 == 0 else ("on", "off"):
+            _switch(mode == "on", saved)
+            for name, model in models.items():
+                before = _last_id(saved)
+                for step in range(args.steps):
+                    dist.barrier()
+                    start = time.perf_counter()
+                    model(x).sum().backward()
+                    for p in model.parameters():
+                        p.grad = None
+                    elapsed = time.perf_counter() - start
+                    if step > 0:  # the first step of a round warms up
+                        times[f"{name} {mode}"].append(elapsed)
+                if mode == "on":
+                    ops_per_step[name] = (_last_id(saved) - before) // args.steps
+    _switch(True, saved)
+    if rank == 0:
+        out.put((times, ops_per_step))
+    dist.barrier()
+    del models
+    dist.destroy_process_group()
+
+
+def part2(args: argparse.Namespace) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_worker, args=(r, port, args, out)) for r in range(2)]
+    for p in procs:
+        p.start()
+    times, ops = out.get(timeout=1800)
+    for p in procs:
+        p.join(120)
+    print(
+        f"\nstep time, world 2, gloo, {args.layers} x Linear({args.width}, {args.width}), "
+        f"{args.rounds} alternating rounds x {args.steps - 1} timed steps (median, ms)"
+    )
+    print(f"{'model':<8}{'ops/step':>10}{'off':>10}{'on':>10}{'on / off':>10}")
+    for name in ("ddp", "fsdp"):
+        off = statistics.median(times[f"{name} off"]) * 1e3
+        on = statistics.median(times[f"{name} on"]) * 1e3
+        print(f"{name:<8}{ops.get(name, 0):>10}{off:>10.2f}{on:>10.2f}{on / off:>10.3f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ops", type=int, default=20000)
+    parser.add_argument("--layers", type=int, default=200)
+    parser.add_argument("--width", type=int, default=32)
+    parser.add_argument("--bucket-mb", type=float, default=0.05)
+    parser.add_argument("--steps", type=int, default=11)
+    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--skip-per-op", action="store_true")
+    args = parser.parse_args()
+    if not args.skip_per_op:
+        part1(args.ops)
+    part2(args)
+
+
+if __name__ == "__main__":
+    main()

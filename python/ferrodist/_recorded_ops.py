@@ -1,0 +1,155 @@
+"""Collective and point-to-point functions that record themselves in the flight recorder.
+
+Each wrapper has its torch function's exact signature (``__signature__`` and ``__wrapped__``,
+read from the installed torch, so torch 2.4's and 2.15's parameter lists are both right) and
+finds its arguments by position or keyword with indexes computed once here, not by
+``inspect.Signature.bind`` per call. With recording off (``FERRODIST_FLIGHT_RECORDER=0``) a
+wrapper is one check and the torch call.
+
+What is recorded as an op's shapes is what every member of the group passes alike (the input of
+an all-gather, the tensor of a gather or scatter), so that a shape differing between ranks means
+a real mismatch; all-to-all records no shapes, since its splits may differ by rank.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from typing import Any, Callable, Optional
+
+import torch
+import torch.distributed as _tdist
+
+from ferrodist.debug import _recorder
+
+__all__ = ["collective", "p2p"]
+
+
+class _Arg:
+    """Reads one parameter of a call by position or keyword, else its default."""
+
+    __slots__ = ("default", "index", "name")
+
+    def __init__(self, signature: inspect.Signature, name: str) -> None:
+        names = list(signature.parameters)
+        self.name = name
+        self.index = names.index(name) if name in names else -1
+        default = signature.parameters[name].default if name in names else None
+        self.default = None if default is inspect.Parameter.empty else default
+
+    def __call__(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if 0 <= self.index < len(args):
+            return args[self.index]
+        return kwargs.get(self.name, self.default)
+
+
+def _tensors_of(value: Any) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [t for t in value if isinstance(t, torch.Tensor)]
+    return []
+
+
+def collective(
+    name: str,
+    fn: Callable[..., Any],
+    tensors: Optional[str] = None,
+    reduce_op: Optional[str] = None,
+    dtypes_only: bool = False,
+) -> Callable[..., Any]:
+    """``fn`` recorded as ``name``; ``tensors`` and ``reduce_op`` name its parameters."""
+    sig = inspect.signature(fn)
+    group_arg = _Arg(sig, "group")
+    async_arg = _Arg(sig, "async_op")
+    tensor_arg = _Arg(sig, tensors) if tensors else None
+    op_arg = _Arg(sig, reduce_op) if reduce_op else None
+    state = _recorder._State
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        rec = state.recorder if state.decided else _recorder.recorder()
+        if rec is None:
+            return fn(*args, **kwargs)
+        described = _tensors_of(tensor_arg(args, kwargs)) if tensor_arg is not None else []
+        ident = _recorder.begin(
+            name,
+            _recorder.describe_group(group_arg(args, kwargs)),
+            described,
+            op_arg(args, kwargs) if op_arg is not None else None,
+            with_shapes=not dtypes_only,
+        )
+        return _recorder.finish_call(ident, bool(async_arg(args, kwargs)), fn, *args, **kwargs)
+
+    wrapper.__signature__ = sig  # type: ignore[attr-defined]
+    return wrapper
+
+
+class _P2P:
+    """A send or receive recorded on its pair's channel (see ``debug._recorder``).
+
+    An object rather than a function for one reason: torch's ``P2POp`` accepts only an op equal
+    to its own ``isend`` or ``irecv``, so ``P2POp(ferrodist.isend, ...)`` must keep working;
+    this compares (and hashes) equal to the torch function it wraps. torch's
+    ``batch_isend_irecv`` then calls it with the peer as ``group_src`` whatever its direction
+    (it tells a send by identity), so a send also takes the peer under that name.
+    """
+
+    def __init__(self, name: str, fn: Callable[..., Any], sending: bool, is_async: bool) -> None:
+        sig = inspect.signature(fn)
+        self._fn = fn
+        self._name = name
+        self._sending = sending
+        self._async = is_async
+        self._group = _Arg(sig, "group")
+        self._peer = _Arg(sig, "dst" if sending else "src")
+        self._group_peer = _Arg(sig, "group_dst" if sending else "group_src")
+        self._payload = _Arg(sig, next(iter(sig.parameters)))
+        self._objects = name.endswith("_object_list")
+        functools.update_wrapper(self, fn)
+        self.__signature__ = sig
+
+    def __eq__(self, other: object) -> bool:
+        return other is self or other is self._fn
+
+    def __hash__(self) -> int:
+        return hash(self._fn)
+
+    def __repr__(self) -> str:
+        return f"<ferrodist recorded {self._name}>"
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self._sending and "group_src" in kwargs and "group_dst" not in kwargs:
+            kwargs["group_dst"] = kwargs.pop("group_src")
+        state = _recorder._State
+        rec = state.recorder if state.decided else _recorder.recorder()
+        if rec is None:
+            return self._fn(*args, **kwargs)
+        group = self._group(args, kwargs)
+        peer = _global_peer(group, self._peer(args, kwargs), self._group_peer(args, kwargs))
+        if peer is None:  # a receive from any source: no channel to put it on
+            return self._fn(*args, **kwargs)
+        channel, op = _recorder.p2p_channel(group, peer, self._sending)
+        tensors = [] if self._objects else _tensors_of(self._payload(args, kwargs))
+        # both ends name the transfer alike: a send and its receive are one op of the channel
+        name = op.replace("p2p", "p2p_object", 1) if self._objects else op
+        ident = _recorder.begin(name, channel, tensors)
+        return _recorder.finish_call(ident, self._async, self._fn, *args, **kwargs)
+
+
+def p2p(name: str, fn: Callable[..., Any], sending: bool, is_async: bool) -> Any:
+    """``fn`` (a send or receive) recorded on its pair's channel."""
+    return _P2P(name, fn, sending, is_async)
+
+
+def _global_peer(group: Any, peer: Optional[int], group_peer: Optional[int]) -> Optional[int]:
+    if peer is not None:
+        return int(peer)
+    if group_peer is None:
+        return None
+    if group is None:
+        return int(group_peer)
+    try:
+        return int(_tdist.get_global_rank(group, group_peer))
+    except Exception:
+        return None

@@ -1,0 +1,95 @@
+"""How an operation is described in the ring: its group, call site, dtypes, reduce op.
+
+Everything here runs on every recorded op, so each piece is cached where it can be: whether a
+code object belongs to ferrodist or torch (the call site is the first frame that does not),
+dtype names. Group names are what every member of a group calls it, so that the diagnosis can
+line the ranks' rings up: ``WORLD`` for the default group, torch's registered name otherwise.
+
+Point-to-point traffic goes on a channel per pair of ranks (``WORLD:p2p:0-1``) under the name of
+its direction (``p2p 0->1``), on both ends: a send and its receive then share a sequence number
+and a signature, only the two ranks are members of the channel, and the group's collective
+sequence has no gap on the ranks outside the pair (which would read as a rank falling behind).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any, Optional
+
+import torch
+import torch.distributed as _tdist
+import torch.distributed.distributed_c10d as _c10d
+
+__all__ = ["call_site", "describe_group", "dtype_name", "p2p_channel", "reduce_op_name"]
+
+_FERRODIST_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
+_INTERNAL_PREFIXES = (_FERRODIST_DIR, _TORCH_DIR)
+
+_user_file: dict[Any, Optional[str]] = {}
+"""Per code object: its file's base name, or None for ferrodist's and torch's own code."""
+
+
+def call_site() -> str:
+    """``file.py:line`` of the first frame outside ferrodist and torch (the user's call), or of
+    the outermost frame when there is none (an op issued from an autograd hook thread)."""
+    frame = sys._getframe(1)
+    last = frame
+    while frame is not None:
+        code = frame.f_code
+        try:
+            name = _user_file[code]
+        except KeyError:
+            if len(_user_file) > 100_000:  # code made on the fly (exec): stay bounded
+                _user_file.clear()
+            internal = code.co_filename.startswith(_INTERNAL_PREFIXES)
+            name = None if internal else os.path.basename(code.co_filename)
+            _user_file[code] = name
+        if name is not None:
+            return f"{name}:{frame.f_lineno}"
+        last = frame
+        frame = frame.f_back  # type: ignore[assignment]
+    where = os.path.relpath(last.f_code.co_filename, os.path.dirname(_FERRODIST_DIR))
+    return f"{where}:{last.f_lineno}"
+
+
+def describe_group(group: Any) -> str:
+    """A group's name as every member spells it: ``WORLD`` for the default group, else torch's
+    registered name (assigned in creation order, so the same on every rank)."""
+    if group is None:
+        return "WORLD"
+    world = _c10d._world
+    if group is world._default_pg:
+        return "WORLD"
+    name = world.pg_names.get(group)
+    return "?" if name is None else str(name)
+
+
+_dtype_names: dict[torch.dtype, str] = {}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    name = _dtype_names.get(dtype)
+    if name is None:
+        name = str(dtype).replace("torch.", "")
+        _dtype_names[dtype] = name
+    return name
+
+
+def reduce_op_name(op: Any) -> Optional[str]:
+    if op is None:
+        return None
+    name = getattr(op, "name", None)
+    if name is None:  # a ReduceOp instance (PREMUL_SUM): its kind is .op
+        inner = getattr(op, "op", None)
+        name = getattr(inner, "name", None)
+    return str(name) if name is not None else str(op)
+
+
+def p2p_channel(group: Any, peer: int, sending: bool) -> tuple[str, str]:
+    """(group key, op name) of a point-to-point transfer with global rank ``peer``."""
+    me = _tdist.get_rank()
+    src, dst = (me, peer) if sending else (peer, me)
+    low, high = (src, dst) if src < dst else (dst, src)
+    return f"{describe_group(group)}:p2p:{low}-{high}", f"p2p {src}->{dst}"
