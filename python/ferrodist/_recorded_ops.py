@@ -82,6 +82,8 @@ def collective(
         return _recorder.finish_call(ident, bool(async_arg(args, kwargs)), fn, *args, **kwargs)
 
     wrapper.__signature__ = sig  # type: ignore[attr-defined]
+    if "." not in name:  # a public op: torch's name, even over ferrodist's own ``_all_reduce``
+        wrapper.__name__ = wrapper.__qualname__ = name
     return wrapper
 
 

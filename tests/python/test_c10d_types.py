@@ -69,6 +69,8 @@ def test_wrapped_names_keep_torchs_signature(name: str):
     assert named == theirs[: len(named)]
     if len(theirs) > len(named):
         assert any(v.kind is v.VAR_KEYWORD for v in ours.values()), theirs[len(named) :]
+    # torch's logging and users' tracebacks read the function's name: the public one.
+    assert getattr(dist, name).__name__ == name
 
 
 def test_reduce_op_has_every_member():
