@@ -3,13 +3,13 @@
 //!
 //! A hang's timeout says only that it timed out. With each rank's recent ops at hand (group,
 //! per-group sequence number, op, shapes, dtypes, reduce op, call site, state) the job can say
-//! which ranks wait in which op and which rank never issued it ([`diagnose`]), which ranks
+//! which ranks wait in which op and which rank never issued it ([`mod@diagnose`]), which ranks
 //! issued different ops under one sequence number (a desync), and which ranks are gone.
 //!
 //! * [`entry`]: one recorded op and its state.
 //! * [`ring`]: the per-process [`Recorder`], a thread-safe fixed-size ring.
 //! * [`summary`]: the compact per-rank [`RankSummary`] published to the store while hanging.
-//! * [`diagnose`]: summaries of all ranks in, a [`Report`] (behind, desync, gone) out.
+//! * [`mod@diagnose`]: summaries of all ranks in, a [`Report`] (behind, desync, gone) out.
 //! * [`text`]: the report's wording (`Display`).
 //! * [`dump`]: the versioned dump file a rank writes on timeout or on request.
 

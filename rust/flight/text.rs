@@ -1,7 +1,7 @@
 //! The report as a person reads it: one line per finding, rank lists compacted
 //! (`ranks 0-2 and 4-7`), ages in seconds, ops named with their call sites.
 //!
-//! Apart from [`super::diagnose`]'s logic so that the wording can change without touching
+//! Apart from [`mod@super::diagnose`]'s logic so that the wording can change without touching
 //! what is found; the JSON form (serde, in `diagnose`) is what tools rely on.
 
 use std::fmt;
