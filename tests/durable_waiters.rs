@@ -23,7 +23,7 @@ use ferrodist::store::Store;
 use ferrodist::tcp::codec::{
     decode_request, Limits, Request, FERRODIST_PING, FERRODIST_PONG_DURABLE, NOT_READY,
 };
-use ferrodist::tcp::{TcpStore, TcpStoreOptions};
+use ferrodist::tcp::TcpStore;
 
 /// How long after the kill a waiter may take to notice (generous: two shared cores).
 const NOTICE: Duration = Duration::from_millis(1500);
@@ -38,13 +38,7 @@ fn kill(child: &mut Child) {
 }
 
 fn client(port: u16) -> TcpStore {
-    TcpStore::new(TcpStoreOptions {
-        port,
-        timeout: Duration::from_secs(30),
-        wait_for_workers: false,
-        ..TcpStoreOptions::default()
-    })
-    .expect("connects")
+    common::store_binary::store_client(port)
 }
 
 fn names(keys: &[&str]) -> Vec<String> {

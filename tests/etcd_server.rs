@@ -16,7 +16,7 @@ use ferrodist::store::etcd::EtcdStore;
 use ferrodist::store::Store;
 use ferrodist::tcp::codec::{Request, FERRODIST_PING, FERRODIST_PONG_DURABLE, VALIDATE_MAGIC};
 use ferrodist::tcp::server::etcd_backend::EtcdBackend;
-use ferrodist::tcp::{Server, ServerConfig, TcpStore, TcpStoreOptions};
+use ferrodist::tcp::{Server, ServerConfig, TcpStore};
 
 fn job() -> String {
     common::etcd::fresh_job("server")
@@ -35,15 +35,8 @@ fn server(prefix: &str) -> Server {
     Server::start_with_backend(&config, EtcdBackend::new(etcd_store(prefix))).expect("starts")
 }
 
-/// ferrodist's client (torch's wire sequences) to the server on `port`.
 fn client(port: u16) -> TcpStore {
-    TcpStore::new(TcpStoreOptions {
-        port,
-        timeout: Duration::from_secs(30),
-        wait_for_workers: false,
-        ..TcpStoreOptions::default()
-    })
-    .expect("connects")
+    common::store_binary::store_client(port)
 }
 
 fn b(s: &str) -> Bytes {

@@ -2,6 +2,9 @@
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use ferrodist::tcp::{TcpStore, TcpStoreOptions};
 
 use super::etcd::EtcdCluster;
 
@@ -34,4 +37,15 @@ pub fn spawn_store(port: u16, etcd_prefix: Option<&str>) -> (Child, u16) {
         Some(port) => (child, port),
         None => panic!("got {line:?}"),
     }
+}
+
+/// ferrodist's client (torch's wire sequences) to the server on 127.0.0.1:`port`, 30 s timeout.
+pub fn store_client(port: u16) -> TcpStore {
+    TcpStore::new(TcpStoreOptions {
+        port,
+        timeout: Duration::from_secs(30),
+        wait_for_workers: false,
+        ..TcpStoreOptions::default()
+    })
+    .expect("connects")
 }

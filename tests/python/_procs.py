@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import ferrodist
@@ -31,18 +32,30 @@ def spawn(code: str, *args: str) -> subprocess.Popen[str]:
     )
 
 
-def finish(procs: list[subprocess.Popen[str]], timeout: float = 60) -> list[str]:
-    """Waits for every process (killing all on timeout) and returns their outputs."""
+def outputs_of(procs: list[subprocess.Popen[str]], timeout: float = 60) -> list[str]:
+    """Every process's output; any still running (or stopped) at the deadline, ``timeout``
+    seconds from now for all of them together, is killed and its output so far kept."""
     outputs = []
+    deadline = time.monotonic() + timeout
     try:
         for proc in procs:
-            out, _ = proc.communicate(timeout=timeout)
+            try:
+                out, _ = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                out, _ = proc.communicate()
             outputs.append(out)
     finally:
         for proc in procs:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+    return outputs
+
+
+def finish(procs: list[subprocess.Popen[str]], timeout: float = 60) -> list[str]:
+    """Every process's output (see :func:`outputs_of`), each having exited with 0."""
+    outputs = outputs_of(procs, timeout)
     for proc, out in zip(procs, outputs):
         assert proc.returncode == 0, out
     return outputs

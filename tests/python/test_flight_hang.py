@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from _procs import env, spawn
+from _procs import env, outputs_of, spawn
 
 HERE = Path(__file__).resolve().parent
 THRESHOLD_S = 1.0
@@ -56,26 +56,6 @@ def start_world(scenario: str, world: int, dump_dir: Path) -> list[subprocess.Po
         os.environ.update(saved)
 
 
-def collect(procs: list[subprocess.Popen[str]], timeout: float = 90) -> list[str]:
-    """Every process's output; any still running at the deadline (or stopped) is killed."""
-    outputs = []
-    deadline = time.monotonic() + timeout
-    try:
-        for proc in procs:
-            try:
-                out, _ = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                out, _ = proc.communicate()
-            outputs.append(out)
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-    return outputs
-
-
 def values(output: str, key: str) -> list[str]:
     return [
         line[len(key) + 1 :].replace("\\n", "\n")
@@ -91,10 +71,10 @@ def stuck_report_logs(outputs: list[str]) -> list[str]:
 def test_a_stopped_rank_is_named_behind_with_its_last_op_within_twice_the_threshold(tmp_path):
     procs = start_world("stopped", 3, tmp_path)
     # Rank 2 stops itself; the others wait in the all_reduce until the group's timeout.
-    outputs = collect(procs[:2], timeout=60)
+    outputs = outputs_of(procs[:2], timeout=60)
     stopped = procs[2]
     stopped.send_signal(signal.SIGKILL)
-    collect([stopped], timeout=10)
+    outputs_of([stopped], timeout=10)
     for out in outputs:
         after = values(out, "REPORT_AFTER")
         assert after, out
@@ -110,7 +90,7 @@ def test_a_stopped_rank_is_named_behind_with_its_last_op_within_twice_the_thresh
 
 
 def test_a_rank_issuing_another_op_is_a_desync_naming_both_call_sites(tmp_path):
-    outputs = collect(start_world("desync", 3, tmp_path), timeout=60)
+    outputs = outputs_of(start_world("desync", 3, tmp_path), timeout=60)
     reports = [r for out in outputs for r in values(out, "REPORT")]
     assert reports, outputs
     report = reports[0]
@@ -121,7 +101,7 @@ def test_a_rank_issuing_another_op_is_a_desync_naming_both_call_sites(tmp_path):
 
 
 def test_a_killed_rank_is_gone(tmp_path):
-    outputs = collect(start_world("killed", 3, tmp_path), timeout=60)
+    outputs = outputs_of(start_world("killed", 3, tmp_path), timeout=60)
     for out in outputs[:2]:
         error = values(out, "ERROR")
         assert error, out
@@ -144,7 +124,7 @@ def test_sigusr1_dumps_a_stuck_rank_and_the_doctor_reads_the_dumps(tmp_path, as_
     finally:
         for p in procs:
             p.kill()
-        outputs = collect(procs, timeout=10)
+        outputs = outputs_of(procs, timeout=10)
     assert dumps == ["rank0.json", "rank1.json"], outputs
     for name in dumps:
         dumped = json.loads((tmp_path / name).read_text())
