@@ -11,8 +11,8 @@ import sys
 import textwrap
 
 import pytest
-from _procs import env
-from test_flight_hang import collect, site, start_world, values
+from _procs import env, outputs_of
+from test_flight_hang import site, start_world, values
 
 import ferrodist.doctor
 
@@ -32,7 +32,7 @@ def run_python(code: str, extra: dict[str, str] | None = None, timeout: float = 
 
 
 def test_a_clean_ddp_and_zero_run_with_uneven_steps_reports_nothing(tmp_path):
-    outputs = collect(start_world("ddp_clean", 2, tmp_path), timeout=240)
+    outputs = outputs_of(start_world("ddp_clean", 2, tmp_path), timeout=240)
     for out in outputs:
         assert "DONE ddp_clean" in out, out
         assert not values(out, "FALSE_REPORT"), out
@@ -45,7 +45,7 @@ def test_a_clean_ddp_and_zero_run_with_uneven_steps_reports_nothing(tmp_path):
 
 
 def test_fsdp_traffic_is_recorded_as_fsdp(tmp_path):
-    outputs = collect(start_world("fsdp", 2, tmp_path), timeout=240)
+    outputs = outputs_of(start_world("fsdp", 2, tmp_path), timeout=240)
     for out in outputs:
         assert "DONE fsdp" in out, out
         ops = json.loads(values(out, "OPS")[0])
@@ -54,7 +54,7 @@ def test_fsdp_traffic_is_recorded_as_fsdp(tmp_path):
 
 
 def test_point_to_point_ops_share_a_channel_and_a_name_on_both_ends(tmp_path):
-    outputs = collect(start_world("p2p", 2, tmp_path), timeout=120)
+    outputs = outputs_of(start_world("p2p", 2, tmp_path), timeout=120)
     rings = []
     for out in outputs:
         assert "DONE p2p" in out, out
@@ -81,7 +81,7 @@ def test_dump_writes_each_rank_and_the_doctor_finds_no_hang(tmp_path, as_json):
     saved = dict(os.environ)
     os.environ["FLIGHT_TEST_DIR"] = str(dumps)
     try:
-        outputs = collect(start_world("dump", 2, tmp_path), timeout=120)
+        outputs = outputs_of(start_world("dump", 2, tmp_path), timeout=120)
     finally:
         os.environ.clear()
         os.environ.update(saved)
