@@ -14,6 +14,7 @@ from typing import Any, Callable
 
 import pytest
 import torch.distributed as tdist
+from _delegating_store import DelegatingStore
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -30,12 +31,11 @@ LONG = timedelta(seconds=20)
 SHORT = timedelta(milliseconds=100)
 
 
-class RecordingStore(tdist.Store):
+class RecordingStore(DelegatingStore):
     """A torch store (over torch's HashStore) that remembers every key written."""
 
     def __init__(self) -> None:
-        super().__init__()
-        self.inner = tdist.HashStore()
+        super().__init__(tdist.HashStore())
         self.written: set[str] = set()
         self._lock = threading.Lock()
 
@@ -45,37 +45,18 @@ class RecordingStore(tdist.Store):
 
     def set(self, key: str, value: Any) -> None:
         self._note(key)
-        self.inner.set(key, value)
-
-    def get(self, key: str) -> bytes:
-        return self.inner.get(key)
+        super().set(key, value)
 
     def add(self, key: str, value: int) -> int:
         self._note(key)
-        return self.inner.add(key, value)
-
-    def check(self, keys: list[str]) -> bool:
-        return self.inner.check(keys)
-
-    def wait(self, keys: list[str], timeout: timedelta | None = None) -> None:
-        if timeout is None:
-            self.inner.wait(keys)
-        else:
-            self.inner.wait(keys, timeout)
-
-    def multi_get(self, keys: list[str]) -> list[bytes]:
-        return self.inner.multi_get(keys)
+        return super().add(key, value)
 
     def multi_set(self, keys: list[str], values: list[Any]) -> None:
         self._note(*keys)
-        self.inner.multi_set(keys, values)
+        super().multi_set(keys, values)
 
     def set_timeout(self, timeout: timedelta) -> None:
         self.inner.set_timeout(timeout)
-
-    @property
-    def timeout(self) -> timedelta:
-        return self.inner.timeout
 
     def contents(self) -> dict[str, bytes]:
         return {k: self.inner.get(k) for k in sorted(self.written)}

@@ -16,6 +16,7 @@ from typing import Any, Callable
 
 import pytest
 import torch.distributed as tdist
+from _delegating_store import DelegatingStore
 
 import ferrodist
 from ferrodist import StoreCollectives
@@ -88,42 +89,16 @@ def test_a_collective_times_out_by_its_own_timeout(server: tdist.TCPStore, op: s
         assert isinstance(ours, TORCH_RAISES[op])
 
 
-class CountingStore(tdist.Store):
+class CountingStore(DelegatingStore):
     """A torch store over torch's ``TCPStore`` client that counts the waits it is asked for."""
 
     def __init__(self, inner: tdist.TCPStore) -> None:
-        super().__init__()
-        self.inner = inner
+        super().__init__(inner)
         self.waits: list[timedelta | None] = []
-
-    def set(self, key: str, value: Any) -> None:
-        self.inner.set(key, value)
-
-    def get(self, key: str) -> bytes:
-        return self.inner.get(key)
-
-    def add(self, key: str, value: int) -> int:
-        return self.inner.add(key, value)
-
-    def check(self, keys: list[str]) -> bool:
-        return self.inner.check(keys)
 
     def wait(self, keys: list[str], timeout: timedelta | None = None) -> None:
         self.waits.append(timeout)
-        if timeout is None:
-            self.inner.wait(keys)
-        else:
-            self.inner.wait(keys, timeout)
-
-    def multi_get(self, keys: list[str]) -> list[bytes]:
-        return self.inner.multi_get(keys)
-
-    def multi_set(self, keys: list[str], values: list[Any]) -> None:
-        self.inner.multi_set(keys, values)
-
-    @property
-    def timeout(self) -> timedelta:
-        return self.inner.timeout
+        super().wait(keys, timeout)
 
 
 @pytest.mark.parametrize("op", sorted(LONELY))
