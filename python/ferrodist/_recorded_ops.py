@@ -42,6 +42,14 @@ class _Arg:
             return args[self.index]
         return kwargs.get(self.name, self.default)
 
+    def replaced(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any], value: Any
+    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """The call's arguments with this parameter set to ``value``."""
+        if 0 <= self.index < len(args):
+            return (*args[: self.index], value, *args[self.index + 1 :]), kwargs
+        return args, {**kwargs, self.name: value}
+
 
 def _tensors_of(value: Any) -> list[torch.Tensor]:
     if isinstance(value, torch.Tensor):
@@ -79,12 +87,23 @@ def collective(
             op_arg(args, kwargs) if op_arg is not None else None,
             with_shapes=not dtypes_only,
         )
-        return _recorder.finish_call(ident, bool(async_arg(args, kwargs)), fn, *args, **kwargs)
+        is_async = bool(async_arg(args, kwargs))
+        if not is_async and async_arg.index >= 0 and _on_device(described):
+            args, kwargs = async_arg.replaced(args, kwargs, True)
+            return _recorder.finish_on_device(ident, fn, *args, **kwargs)
+        return _recorder.finish_call(ident, is_async, fn, *args, **kwargs)
 
     wrapper.__signature__ = sig  # type: ignore[attr-defined]
     if "." not in name:  # a public op: torch's name, even over ferrodist's own ``_all_reduce``
         wrapper.__name__ = wrapper.__qualname__ = name
     return wrapper
+
+
+def _on_device(tensors: list[torch.Tensor]) -> bool:
+    """Whether a synchronous call on ``tensors`` returns before its op has run: a CUDA op is only
+    enqueued on the stream when the call returns (outside CUDA graph capture, where the op is not
+    run at all until the graph is replayed)."""
+    return bool(tensors) and tensors[0].is_cuda and not torch.cuda.is_current_stream_capturing()
 
 
 class _P2P:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import ctypes
 from typing import Any, Optional
 
-__all__ = ["abandon_after_fork", "forget", "pending", "short", "sweep", "watch"]
+__all__ = ["abandon_after_fork", "forget", "hold", "pending", "short", "sweep", "watch"]
 
 _in_flight: dict[int, Any] = {}
 """Recorded asynchronous works not yet seen finished, in the order they were issued."""
@@ -32,6 +32,11 @@ def short(error: BaseException) -> str:
 def watch(rec: Any, ident: int, work: Any) -> None:
     """Mark ``ident`` started now, and completed (or failed) once ``work`` has finished."""
     rec.started(ident)
+    hold(ident, work)
+
+
+def hold(ident: int, work: Any) -> None:
+    """Mark ``ident`` (already started) completed or failed once ``work`` has finished."""
     _in_flight[ident] = work
 
 

@@ -36,6 +36,7 @@ __all__ = [
     "enabled",
     "fail",
     "finish_call",
+    "finish_on_device",
     "forget_in_flight",
     "p2p_channel",
     "recorder",
@@ -213,6 +214,33 @@ def finish_call(
     else:
         rec.completed(ident)
     return result
+
+
+def finish_on_device(
+    ident: Optional[int], fn: Callable[..., Any], /, *args: Any, **kwargs: Any
+) -> None:
+    """A synchronous collective on CUDA tensors, made as torch makes it (the asynchronous call,
+    then ``Work.wait``, which orders the current stream after the op), but marked completed only
+    once the op has run on the device: on NCCL a synchronous call returns as soon as the op is
+    enqueued, and an op stuck on the GPU must still show as pending to the watchdog and in dumps.
+    ``args`` ask ``fn`` for its work (``async_op=True``); returns None, as the synchronous call.
+    """
+    rec = _State.recorder
+    if rec is not None and ident is not None:
+        rec.started(ident)
+    try:
+        work = fn(*args, **kwargs)
+        if work is not None:
+            work.wait()
+    except BaseException as e:
+        fail(ident, e)
+        raise
+    if rec is None or ident is None:
+        return
+    if work is None:  # inside a coalescing block the manager's work carries the op
+        rec.completed(ident)
+    else:
+        _inflight.hold(ident, work)
 
 
 def run_p2p(
