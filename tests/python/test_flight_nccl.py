@@ -91,7 +91,7 @@ def test_ddp_and_fsdp_nccl_traffic_is_recorded_tagged_and_completed(nccl_group: 
     entries = _settled(rec)
     ops = Counter(e["op"] for e in entries)
     assert ops["ddp.all_reduce"] >= 3, ops
-    assert ops["fsdp.all_gather"] >= 3 and ops["fsdp.reduce_scatter"] >= 3, ops
+    assert ops["fsdp.all_reduce"] >= 3, ops  # FULL_SHARD at world 1 runs as NO_SHARD, as torch
     assert [e for e in entries if e["state"] != "completed"] == []
 
 

@@ -36,6 +36,23 @@ def _model() -> torch.nn.Module:
 def test_cuda_fsdp_matches_torch(
     nccl_world: Any, strategy: str, use_orig_params: bool, mixed: Any, offload: bool
 ) -> None:
+    _train_both_and_compare(strategy, use_orig_params, mixed, offload, set_to_none=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("use_orig_params", [False, True])
+def test_cuda_offload_with_gradients_zeroed_in_place_matches_torch(
+    nccl_world: Any, use_orig_params: bool
+) -> None:
+    """``zero_grad(set_to_none=False)`` keeps a host gradient every step, so each new one is
+    added to it on arrival (the accumulation path of the offload)."""
+    _train_both_and_compare("FULL_SHARD", use_orig_params, None, True, set_to_none=False)
+
+
+def _train_both_and_compare(
+    strategy: str, use_orig_params: bool, mixed: Any, offload: bool, set_to_none: bool
+) -> None:
     base = _model().cpu()  # device_id moves it, as torch's does
     results = {}
     for kind, cls in (("torch", TorchFSDP), ("ferrodist", FerroFSDP)):
@@ -63,7 +80,7 @@ def test_cuda_fsdp_matches_torch(
                 ), kind
             fsdp.clip_grad_norm_(1.0)
             opt.step()
-            opt.zero_grad()
+            opt.zero_grad(set_to_none=set_to_none)
             losses.append(loss.detach().cpu())
         if offload:
             for entry in opt.state.values():
