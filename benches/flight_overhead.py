@@ -13,6 +13,7 @@ alternating rounds of the same processes (the recorder is switched off by hiding
 thread runs throughout, as it does in a job.
 
     ./scripts/bench benches/flight_overhead.py [--layers 200] [--width 32] [--steps 20]
+    python benches/flight_overhead.py --cuda --ops 5000   # part 1 on NCCL, with a profile
 """
 
 from __future__ import annotations
@@ -45,20 +46,23 @@ def _per_op(fn: Callable[[], Any], n: int) -> float:
     return (time.perf_counter() - start) / n * 1e6
 
 
-def part1(n: int) -> None:
+def part1(n: int, cuda: bool = False) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    backend = "nccl" if cuda else "gloo"
+    if cuda:
+        torch.cuda.set_device(0)
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
     saved = _recorder.recorder()
-    t = torch.ones(4)
+    t = torch.ones(4, device="cuda" if cuda else "cpu")
     torch_all_reduce = torch.distributed.all_reduce
     cases = {
         "all_reduce": lambda: dist.all_reduce(t),
         "all_reduce async + wait": lambda: dist.all_reduce(t, async_op=True).wait(),
         "broadcast": lambda: dist.broadcast(t, 0),
     }
-    print(f"per op, world 1, gloo, median of 5 runs of {n} ops (microseconds)")
+    print(f"per op, world 1, {backend}, median of 5 runs of {n} ops (microseconds)")
     print(f"{'op':<26}{'torch':>9}{'off':>9}{'on':>9}{'on - off':>10}")
     for name, fn in cases.items():
         rows: dict[str, list[float]] = {"torch": [], "off": [], "on": []}
@@ -74,7 +78,24 @@ def part1(n: int) -> None:
             f"{med['on'] - med['off']:>10.1f}"
         )
     _switch(True, saved)
+    if cuda:
+        _profile_recorded(lambda: dist.all_reduce(t), n)
     dist.destroy_process_group()
+
+
+def _profile_recorded(fn: Callable[[], Any], n: int) -> None:
+    """Where a recorded op's time goes, by Python function (cProfile, recording on)."""
+    import cProfile
+    import pstats
+
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(n):
+        fn()
+    torch.cuda.synchronize()
+    profiler.disable()
+    print(f"\nrecorded all_reduce x {n}, by own time (cProfile)")
+    pstats.Stats(profiler).sort_stats("tottime").print_stats(15)
 
 
 def _last_id(rec: Any) -> int:
@@ -171,7 +192,13 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=11)
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--skip-per-op", action="store_true")
+    parser.add_argument(
+        "--cuda", action="store_true", help="part 1 only, on NCCL with CUDA tensors (world 1)"
+    )
     args = parser.parse_args()
+    if args.cuda:
+        part1(args.ops, cuda=True)
+        return
     if not args.skip_per_op:
         part1(args.ops)
     part2(args)

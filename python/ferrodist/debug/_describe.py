@@ -77,9 +77,25 @@ def dtype_name(dtype: torch.dtype) -> str:
     return name
 
 
+_reduce_op_names: dict[Any, str] = {}
+"""Per reduce op kind (``ReduceOp.SUM`` and the like): its name; reading it through pybind's
+enum costs microseconds on every op."""
+
+
 def reduce_op_name(op: Any) -> Optional[str]:
     if op is None:
         return None
+    try:
+        return _reduce_op_names[op]
+    except (KeyError, TypeError):  # not seen yet, or unhashable
+        pass
+    name = _reduce_op_name(op)
+    if isinstance(op, _tdist.ReduceOp.RedOpType):
+        _reduce_op_names[op] = name
+    return name
+
+
+def _reduce_op_name(op: Any) -> str:
     name = getattr(op, "name", None)
     if name is None:  # a ReduceOp instance (PREMUL_SUM): its kind is .op
         inner = getattr(op, "op", None)
