@@ -20,6 +20,7 @@ import time
 from datetime import timedelta
 
 import torch
+import torch.distributed
 
 import ferrodist as dist
 import ferrodist.debug
@@ -30,12 +31,23 @@ def _init(rank: int, world: int, port: int, timeout_s: float) -> None:
     logging.basicConfig(
         stream=sys.stdout, level=logging.WARNING, format="LOG %(name)s %(message)s", force=True
     )
+    timeout = timedelta(seconds=timeout_s)
+    prefix = os.environ.get("FLIGHT_TEST_STORE_PREFIX")
+    if prefix is not None:
+        # A job on a standalone store (``ferrodist-store`` on ``port``), handed in as it is or
+        # as a torch PrefixStore (the watchdog's keys then live under the prefix). The token,
+        # where the server wants one, comes from the environment.
+        store = dist.TCPStore("127.0.0.1", port, world, timeout=timeout)
+        if prefix:
+            store = torch.distributed.PrefixStore(prefix, store)
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timeout)
+        return
     dist.init_process_group(
         "gloo",
         init_method=f"tcp://127.0.0.1:{port}",
         rank=rank,
         world_size=world,
-        timeout=timedelta(seconds=timeout_s),
+        timeout=timeout,
     )
 
 
@@ -88,6 +100,18 @@ def scenario_stopped(rank: int, world: int) -> None:
         time.sleep(60)
         return
     _stuck_all_reduce()
+
+
+def scenario_idle(rank: int, world: int) -> None:
+    """A few ops, then idle (heartbeating, nothing pending) until the test removes ``ready*``."""
+    _warm_up(rank)
+    ready = os.path.join(os.environ["FERRODIST_FLIGHT_DUMP_DIR"], f"ready{rank}")
+    with open(ready, "w"):
+        pass
+    deadline = time.monotonic() + 30
+    while os.path.exists(ready) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    dist.barrier()
 
 
 def scenario_desync(rank: int, world: int) -> None:
@@ -217,6 +241,7 @@ def scenario_fsdp(rank: int, world: int) -> None:
 
 SCENARIOS = {
     "stopped": scenario_stopped,
+    "idle": scenario_idle,
     "desync": scenario_desync,
     "killed": scenario_killed,
     "sigusr1": scenario_sigusr1,

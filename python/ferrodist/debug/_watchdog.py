@@ -2,8 +2,9 @@
 
 Why a thread and the store: a rank stuck in a collective cannot say anything from the thread
 that is stuck, and the other ranks cannot see its ring. So every few seconds this thread
-publishes a compact summary of its ring (``ferrodist/flight/<rank>``, with a heartbeat) to the
-job's store, which every rank already shares; when this rank's oldest pending op has waited
+publishes a compact summary of its ring (``ferrodist/flight/<rank>``, with a heartbeat; once
+``ferrodist/flight/job``, the world size) to the job's store, which every rank already shares
+and ``python -m ferrodist.doctor --store`` reads; when this rank's oldest pending op has waited
 longer than the threshold, it reads the other ranks' summaries and runs the Rust diagnosis
 (``flight_diagnose``): who is behind, who diverged (a desync), who is gone. The report is logged
 once for the whole job (the first waiting rank to claim the op's key with the store's ``add``
@@ -38,6 +39,9 @@ __all__ = ["Watchdog", "last_report", "start", "stop"]
 logger = logging.getLogger("ferrodist.debug")
 
 KEY_PREFIX = "ferrodist/flight/"
+JOB_KEY = f"{KEY_PREFIX}job"
+"""What a reader of the summaries from outside the job needs besides them (``python -m
+ferrodist.doctor --store``): JSON with the world size and the heartbeat timeout."""
 _STORE_TIMEOUT_S = 2.0
 
 
@@ -97,6 +101,7 @@ class Watchdog:
         self.period_s = period_s
         self.heartbeat_timeout_s = max(2 * threshold_s, 4 * period_s)
         self.report: Optional[str] = None
+        self._job_published = False
         self._store = _short_store(store)
         self._host = socket.gethostname()
         self._lock = threading.Lock()
@@ -115,11 +120,20 @@ class Watchdog:
         """Publish this rank's first summary now (so that the key exists from the moment the
         group does, and a rank that dies at once is known by its pid), then start the thread."""
         try:
+            self.publish_job()
             self.publish()
         except Exception as e:  # the thread retries at its first tick
             logger.warning("ferrodist flight recorder: could not publish to the store: %s", e)
         self._watch_signals()
         self._thread.start()
+
+    def publish_job(self) -> None:
+        """Set the job's world size and heartbeat timeout (the same from every rank), so that
+        the doctor reading the store knows which ranks to expect and when one is gone."""
+        job = {"world_size": self.world_size, "heartbeat_timeout_s": self.heartbeat_timeout_s}
+        with self._lock:
+            self._store.set(JOB_KEY, json.dumps(job))
+        self._job_published = True
 
     def publish(self) -> str:
         """Set this rank's summary (and heartbeat) in the store; returns it."""
@@ -201,6 +215,8 @@ class Watchdog:
 
     def tick(self) -> None:
         """Publish this rank's summary; diagnose when its oldest pending op is too old."""
+        if not self._job_published:
+            self.publish_job()
         mine = self.publish()
         if not mine:
             return
