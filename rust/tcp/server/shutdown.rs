@@ -156,7 +156,9 @@ mod tests {
     use super::*;
     use std::time::Duration;
 
-    #[tokio::test]
+    // Paused clock: the sleep returns once every other task is idle (all three parked), with
+    // no real wait; a drain that never finished would still fail, at the timeout's virtual 5 s.
+    #[tokio::test(start_paused = true)]
     async fn drain_finishes_after_every_task_saw_the_signal() {
         let (trigger, shutdown, drain) = channel();
         for _ in 0..3 {
@@ -165,6 +167,7 @@ mod tests {
         }
         drop(shutdown);
         tokio::time::sleep(Duration::from_millis(20)).await;
+        assert_eq!(trigger.signal.parked().len(), 3, "every task parked first");
         trigger.fire();
         tokio::time::timeout(Duration::from_secs(5), drain.wait())
             .await
