@@ -26,7 +26,7 @@ the handle's too: its base ``FlatGrads`` (``_flat_grad``) holds that half.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 import torch.distributed as dist
@@ -126,6 +126,8 @@ class FlatHandle(FlatGrads):
         )
         self._free(self.padded_full_precision)
         self._unsharded = not sharded
+        self._prefetch: Optional[tuple[torch.Tensor, Any, torch.Tensor]] = None
+        """An all-gather issued ahead of use: (buffer it fills, its work, its input)."""
         self._init_grads()
         if not use_orig_params:
             # The originals are replaced by views of ``flat_param``: holding them here would
@@ -189,11 +191,42 @@ class FlatHandle(FlatGrads):
         buffer = (
             self.padded_unsharded if not self.mixed_params or low else self.padded_full_precision
         )
+        self.finish_prefetch()
         if buffer.untyped_storage().size() == 0:
             self._alloc(buffer)
             all_gather_flat(buffer, self._shard_on_device(low), group=self.group)
         self.flat_param.data = buffer[: self.layout.flat_numel]
         self._unsharded = True
+
+    def prefetch(self) -> bool:
+        """Issue the all-gather the next ``unshard`` needs, asynchronously, so that it runs on
+        the backend while this rank computes something else; True if one was issued. Nothing
+        reads the buffer before ``unshard`` (or ``finish_prefetch``) has waited for it; what
+        arrives is what the synchronous all-gather would have written, bit for bit."""
+        if not self.sharded or self._prefetch is not None or self._unsharded:
+            return False
+        buffer = self.padded_unsharded
+        if buffer.untyped_storage().size() != 0:
+            return False  # still gathered (a strategy that keeps it between forward and backward)
+        self._alloc(buffer)
+        shard = self._shard_on_device(self.mixed_params)
+        work = all_gather_flat(buffer, shard, group=self.group, async_op=True)
+        self._prefetch = (buffer, work, shard)
+        return True
+
+    def finish_prefetch(self) -> None:
+        """Wait for an all-gather issued by ``prefetch``, if any (its buffer stays filled)."""
+        pending = self._prefetch
+        if pending is None:
+            return
+        self._prefetch = None
+        pending[1].wait()
+
+    def drop_prefetch(self) -> None:
+        """A prefetched gather that nothing used this step: wait for it, free its buffer."""
+        if self._prefetch is not None and not self._unsharded:
+            self.finish_prefetch()
+            self._free(self.padded_unsharded)
 
     def _shard_on_device(self, low_precision: bool) -> torch.Tensor:
         """The local shard on the compute device (copied from the host under CPU offload),
@@ -203,6 +236,7 @@ class FlatHandle(FlatGrads):
 
     def reshard(self, free: bool) -> None:
         """Point ``flat_param`` back at the shard; with ``free``, drop the unsharded storage."""
+        self.finish_prefetch()  # a gather must not write into storage being freed
         self.flat_param.data = self.local_shard
         if not self.sharded:
             return

@@ -26,6 +26,7 @@ import torch
 from torch.autograd import Variable
 from torch.distributed.fsdp import ShardingStrategy
 
+from . import _prefetch
 from ._flat_grad import Reduction
 from ._overlap import step_unit
 from ._shared import HYBRID, units_under
@@ -55,7 +56,9 @@ def pre_forward(unit: FullyShardedDataParallel) -> None:
     if handle is None:
         return
     unit._handle_state = "forward"
+    _prefetch.record(unit)
     handle.unshard()
+    _prefetch.forward(unit)
     handle.use_unsharded_views(as_params=False)
     if torch.is_grad_enabled():
         _register_post_backward_hook(unit, handle)
@@ -67,6 +70,7 @@ def post_forward(unit: FullyShardedDataParallel, output: Any) -> Any:
     if handle is not None:
         free = not unit._is_root and unit.sharding_strategy in RESHARD_AFTER_FORWARD
         _reshard(unit, handle, free, in_forward=True)
+    _prefetch.after_forward(unit)
     if torch.is_grad_enabled():
         unit._ran_pre_backward = False
         if unit._is_root:
@@ -125,6 +129,7 @@ def _pre_backward_hook(unit: FullyShardedDataParallel, grad: torch.Tensor) -> to
     if handle is not None:
         unit._handle_state = "backward_pre"
         handle.unshard()
+        _prefetch.backward(unit)
         handle.use_unsharded_views(as_params=False)
         handle.prepare_grad_for_backward()
     unit._ran_pre_backward = True
@@ -152,6 +157,7 @@ def _post_backward_hook(unit: FullyShardedDataParallel, handle: FlatHandle, *_: 
         return
     if flat.grad.requires_grad:
         raise RuntimeError("FSDP does not support gradients of gradients")
+    _prefetch.after_backward(unit)
     free = handle.sharded and (
         unit._sync_gradients or unit.sharding_strategy in RESHARD_AFTER_FORWARD
     )
@@ -178,6 +184,7 @@ def _reduction(unit: FullyShardedDataParallel) -> Reduction:
 
 def _final_callback(root: FullyShardedDataParallel) -> None:
     """After the whole backward: reshard what is left, hand reduced shards to ``.grad``."""
+    _prefetch.drop_unused(root)
     for unit in root._all_units:
         handle = unit._handle
         unit._handle_state = "idle"
@@ -202,6 +209,7 @@ def lazy_init_root(root: FullyShardedDataParallel) -> None:
     for unit in units:
         unit._is_root = unit is root
         unit._all_units = units if unit is root else []
+        object.__setattr__(unit, "_root", root)  # a reference, not a registered submodule
     cast_buffers(root)
 
 

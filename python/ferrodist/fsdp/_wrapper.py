@@ -27,7 +27,7 @@ from torch.distributed.fsdp import (
 )
 from torch.distributed.fsdp.api import OptimStateDictConfig
 
-from . import _construct, _runtime, _state_dict, _unshard
+from . import _construct, _prefetch, _runtime, _state_dict, _unshard
 from ._construct import ProcessGroupArg
 from ._optim_api import OptimStateDictMethods
 from ._shared import FLAT, HYBRID, WRAPPED, UnitBase, clean_name, units_under
@@ -140,6 +140,8 @@ class FullyShardedDataParallel(UnitBase, OptimStateDictMethods):
             self._handle.use_sharded_views()
         self._is_root: Optional[bool] = None
         self._all_units: list[FullyShardedDataParallel] = []
+        self._root: Optional[FullyShardedDataParallel] = None
+        self._prefetch_order = _prefetch.Order()
         self._sync_gradients = True
         self._handle_state = "idle"
         self._ran_pre_backward = False
