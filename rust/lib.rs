@@ -32,8 +32,9 @@
 //! * [`fsdp`]: FSDP planning from metadata: the flat-parameter layout (padding, equal shards,
 //!   each rank's parameter slices).
 //! * [`flight`]: the flight recorder: a fixed-size ring of every collective and point-to-point
-//!   op of the process, per-rank summaries, the hang diagnosis (behind, desync, gone) and the
-//!   versioned dump file.
+//!   op of the process, per-rank summaries, the hang diagnosis (behind, desync, gone), the
+//!   versioned dump file, and the live view of a store's summaries that the store server
+//!   shows on `GET /flight` and `GET /metrics`.
 //!
 //! Not part of this crate: `rust/protoc/`, a build helper that is a crate (and workspace) of
 //! its own. It prints where the `protoc` vendored from crates.io is, for etcd-client's build

@@ -12,10 +12,14 @@
 //! * [`mod@diagnose`]: summaries of all ranks in, a [`Report`] (behind, desync, gone) out.
 //! * [`text`]: the report's wording (`Display`).
 //! * [`dump`]: the versioned dump file a rank writes on timeout or on request.
+//! * [`live`]: the summaries found in a store's keys, by job ([`LiveView`]), for the store
+//!   server's `GET /flight` page and metrics; [`live_text`]: those two forms.
 
 pub mod diagnose;
 pub mod dump;
 pub mod entry;
+pub mod live;
+pub mod live_text;
 pub mod ring;
 pub mod summary;
 pub mod text;
@@ -23,5 +27,6 @@ pub mod text;
 pub use diagnose::{diagnose, Behind, BehindRank, Desync, DesyncVariant, Gone, Report};
 pub use dump::Dump;
 pub use entry::{is_p2p, now_ms, Entry, OpState};
+pub use live::LiveView;
 pub use ring::Recorder;
 pub use summary::{RankSummary, Signature};

@@ -41,7 +41,7 @@ pub fn fmt_ranks(ranks: &[usize]) -> String {
 }
 
 /// `0.4 s`, `43 s`.
-fn fmt_age(ms: u64) -> String {
+pub(crate) fn fmt_age(ms: u64) -> String {
     if ms < 10_000 {
         format!("{:.1} s", ms as f64 / 1000.0)
     } else {

@@ -422,6 +422,18 @@ impl Db {
             .collect()
     }
 
+    /// The keys `keep` accepts, copied under one read lock: a reader that wants a few keys
+    /// (the flight recorder's live view) pays no copy of every other key, as [`Db::list_keys`]
+    /// would make it.
+    pub fn keys_where(&self, mut keep: impl FnMut(&[u8]) -> bool) -> Vec<Bytes> {
+        self.read()
+            .values
+            .keys()
+            .filter(|k| keep(k))
+            .map(Bytes::copy_from_slice)
+            .collect()
+    }
+
     /// BARRIER: counts an arrival; `None` when this arrival releases the barrier (every earlier
     /// arrival is woken), else a [`Waiter`] released by the last one.
     pub fn barrier(&self, key: Bytes, world_size: i64) -> Result<Option<Waiter>> {

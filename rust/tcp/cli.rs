@@ -54,7 +54,10 @@ pub struct ServerArgs {
     #[arg(long, default_value_t = Limits::default().max_request_bytes)]
     pub max_request_bytes: u64,
     /// Serve Prometheus metrics on `GET /metrics` and a health check on `GET /healthz` at this
-    /// `HOST:PORT` (port 0 picks one, printed at start).
+    /// `HOST:PORT` (port 0 picks one, printed at start). `GET /flight` shows, for the jobs this
+    /// server serves, each rank's last completed collective and heartbeat age from their flight
+    /// recorder summaries (also on `/metrics` as `ferrodist_flight_*`; with the in-memory
+    /// backend only): host names, pids and call sites, readable by whoever reaches this address.
     #[arg(long, value_name = "HOST:PORT")]
     pub metrics_addr: Option<String>,
     /// Admit only clients that prove they hold the token in this file (read once at start,

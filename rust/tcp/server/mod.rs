@@ -15,7 +15,8 @@
 //!   once, leaving those admitted alone.
 //! * **Metrics**: counters kept as atomics ([`metrics`]), rendered for Prometheus on
 //!   `GET /metrics` with `GET /healthz` beside it ([`metrics_http`]) when asked for, and
-//!   readable in process through [`Server::render_metrics`].
+//!   readable in process through [`Server::render_metrics`]. The same endpoint shows the
+//!   flight recorder's summaries of the jobs it serves (`GET /flight`, [`crate::flight::live`]).
 //!
 //! Everything runs on the process's one tokio runtime ([`crate::runtime`]); [`Server::start`]
 //! returns at once with a handle whose drop (or [`Server::shutdown`]) stops the server and waits
@@ -328,7 +329,15 @@ impl Server {
         let metrics_addr = scrapes.as_ref().map(TcpListener::local_addr).transpose()?;
         let listener = TcpListener::from_std(listener)?;
         if let Some(scrapes) = scrapes {
-            let served = metrics_http::serve(scrapes, db.clone(), shared.clone(), shutdown.clone());
+            // A durable backend keeps the state elsewhere; `db` is then an empty stand-in.
+            let flight = !B::DURABLE;
+            let served = metrics_http::serve(
+                scrapes,
+                db.clone(),
+                shared.clone(),
+                flight,
+                shutdown.clone(),
+            );
             runtime.spawn(served);
         }
         runtime.spawn(accept_loop(listener, backend, shared.clone(), shutdown));
