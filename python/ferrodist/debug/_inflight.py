@@ -16,10 +16,31 @@ from __future__ import annotations
 import ctypes
 from typing import Any, Optional
 
-__all__ = ["abandon_after_fork", "forget", "hold", "pending", "short", "sweep", "watch"]
+__all__ = [
+    "abandon_after_fork",
+    "completed",
+    "forget",
+    "hold",
+    "pending",
+    "short",
+    "sweep",
+    "waited",
+    "watch",
+]
 
 _in_flight: dict[int, Any] = {}
 """Recorded asynchronous works not yet seen finished, in the order they were issued."""
+
+_unobservable: dict[int, Any] = {}
+"""Works seen unfinished that have no future. Most still report ``is_completed`` (gloo's sends
+and receives), but gloo's reduce-scatters (every variant, torch 2.4 to 2.15) return one whose
+``is_completed`` stays False after ``wait``. Such an op counts as completed once it says so, once
+its waiter says so (``waited``), or once an op recorded after it has completed; until then it is
+pending, so a reduce-scatter that really hangs is still reported. Kept apart so that the per-op
+sweep does not stop at one."""
+
+_latest_completed = 0
+"""The highest id known completed."""
 
 
 def short(error: BaseException) -> str:
@@ -40,13 +61,52 @@ def hold(ident: int, work: Any) -> None:
     _in_flight[ident] = work
 
 
+def _set_aside(ident: int, work: Any) -> bool:
+    """Move an unfinished work without a future to ``_unobservable``; True if moved."""
+    try:
+        work.get_future()
+    except RuntimeError:  # "Work::getFuture not implemented"
+        if _in_flight.pop(ident, None) is not None:
+            _unobservable[ident] = work
+        return True
+    return False
+
+
+def completed(ident: int) -> None:
+    """Note that ``ident`` completed (ops after an unobservable one imply it did too)."""
+    global _latest_completed
+    if ident > _latest_completed:
+        _latest_completed = ident
+
+
+def waited(rec: Any, work: Any) -> None:
+    """``work`` was waited for by its issuer: mark its op completed if the recorder holds it."""
+    for held_by in (_unobservable, _in_flight):
+        for ident, held in list(held_by.items()):
+            if held is work:
+                held_by.pop(ident, None)
+                rec.completed(ident)
+                completed(ident)
+                return
+
+
 def pending() -> bool:
-    return bool(_in_flight)
+    return bool(_in_flight) or bool(_unobservable)
+
+
+def _sweep_unobservable(rec: Any) -> None:
+    for ident, work in list(_unobservable.items()):
+        if ident < _latest_completed or _finished(work):
+            if _unobservable.pop(ident, None) is not None:
+                rec.completed(ident)
+                completed(ident)
 
 
 def sweep(rec: Any, everything: bool = True) -> None:
     """Mark the in-flight works that have finished; with ``everything`` False stop at the first
     one still running (ops finish mostly in order, so a per-op sweep costs O(1) amortized)."""
+    if _unobservable:
+        _sweep_unobservable(rec)
     if not everything:
         while _in_flight:
             try:
@@ -55,12 +115,18 @@ def sweep(rec: Any, everything: bool = True) -> None:
             except (StopIteration, KeyError, RuntimeError):  # another thread swept meanwhile
                 return
             if not _finished(work):
+                if _set_aside(ident, work):
+                    continue
                 return
             _mark(rec, ident, work)
         return
     for ident, work in list(_in_flight.items()):
         if _finished(work):
             _mark(rec, ident, work)
+        else:
+            _set_aside(ident, work)
+    if _unobservable:
+        _sweep_unobservable(rec)
 
 
 def _finished(work: Any) -> bool:
@@ -76,6 +142,7 @@ def _mark(rec: Any, ident: int, work: Any) -> None:
     error = _work_error(work)
     if error is None:
         rec.completed(ident)
+        completed(ident)
     else:
         rec.failed(ident, error)
 
@@ -99,12 +166,16 @@ def forget(rec: Any) -> None:
     if rec is not None:
         sweep(rec)
     _in_flight.clear()
+    _unobservable.clear()
 
 
 def abandon_after_fork() -> None:
     """In a forked child: drop the parent's works without ever freeing them. Freeing one could
     end the parent's process group here, whose destructor waits on backend threads the child
     does not have; the child keeps them, unreachable, for its lifetime."""
-    if _in_flight:
-        ctypes.pythonapi.Py_IncRef(ctypes.py_object(dict(_in_flight)))
-        _in_flight.clear()
+    global _latest_completed
+    _latest_completed = 0
+    for held in (_in_flight, _unobservable):
+        if held:
+            ctypes.pythonapi.Py_IncRef(ctypes.py_object(dict(held)))
+            held.clear()

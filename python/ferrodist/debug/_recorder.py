@@ -44,6 +44,7 @@ __all__ = [
     "run_p2p",
     "short",
     "sweep",
+    "waited",
     "watch",
 ]
 
@@ -213,7 +214,16 @@ def finish_call(
         watch(ident, result)
     else:
         rec.completed(ident)
+        _inflight.completed(ident)
     return result
+
+
+def waited(work: Any) -> None:
+    """The issuer of an asynchronous op has waited for ``work``: its op completed (for works
+    whose completion cannot be polled; see ``_inflight``)."""
+    rec = _State.recorder
+    if rec is not None:
+        _inflight.waited(rec, work)
 
 
 def finish_on_device(

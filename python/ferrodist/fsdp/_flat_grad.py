@@ -22,6 +22,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from ferrodist.debug import _recorder
+
 from ._collectives import all_gather_flat, all_reduce, reduce_scatter_flat
 
 if TYPE_CHECKING:
@@ -74,6 +76,9 @@ class FlatGrads:
         self._cpu_grad_arriving: Optional[torch.Tensor] = None
         self._add_on_arrival = False
         self._offload_in_flight = False
+        self._reduction_in_flight: Optional[tuple[Any, torch.Tensor, torch.Tensor, float]] = None
+        """A reduce-scatter left running: (its work, the shard it fills, its input, the
+        post-divide factor still to apply)."""
 
     # ----- before and after the backward -----
 
@@ -107,11 +112,12 @@ class FlatGrads:
         assert grad is not None
         if grad.dtype != self.reduce_dtype and reduction.hook is None:
             grad.data = grad.to(self.reduce_dtype)
+        self.finish_reduction()  # a unit reduced twice in one backward: in order
         if self.sharded:
             self._reduce_sharded(reduction)
         else:
             self._reduce_unsharded(reduction)
-        if self.use_orig_params:
+        if self.use_orig_params and self._reduction_in_flight is None:
             self.use_sharded_grad_views()
 
     def _reduce_sharded(self, reduction: Reduction) -> None:
@@ -122,17 +128,42 @@ class FlatGrads:
         pad = self.layout.padded_unsharded_numel - unsharded.numel()
         padded = F.pad(unsharded, [0, pad]) if pad > 0 else unsharded
         shard = torch.empty(self.layout.shard_numel, dtype=unsharded.dtype, device=unsharded.device)
+        if reduction.hook is None and reduction.replicate_group is None:
+            _divide(padded, reduction.predivide)
+            work = reduce_scatter_flat(shard, padded, group=self.group, async_op=True)
+            self._reduction_in_flight = (work, shard, padded, reduction.postdivide)
+            return
         if reduction.hook is None:
             _divide(padded, reduction.predivide)
             reduce_scatter_flat(shard, padded, group=self.group)
-            if reduction.replicate_group is not None:
-                all_reduce(shard, group=reduction.replicate_group)
+            assert reduction.replicate_group is not None
+            all_reduce(shard, group=reduction.replicate_group)
             _divide(shard, reduction.postdivide)
         else:
             reduction.hook(reduction.hook_state, padded, shard)
         if shard.dtype != flat.dtype and reduction.hook is None:
             shard.data = shard.data.to(flat.dtype)
         self._keep_reduced(shard)
+
+    def finish_reduction(self) -> None:
+        """Wait for the reduce-scatter ``reduce_grad`` left running (if any) and finish what
+        follows it: the post-divide, the cast to the parameter's dtype, the offload, ``.grad``'s
+        views. Called before the next unit's reduction is issued (so one runs under each unit's
+        backward compute and at most one unsharded gradient waits), and before anything reads
+        the reduced gradient: the end of backward, an overlapped optimizer's step."""
+        pending = self._reduction_in_flight
+        if pending is None:
+            return
+        self._reduction_in_flight = None
+        work, shard, _padded, postdivide = pending
+        work.wait()
+        _recorder.waited(work)
+        _divide(shard, postdivide)
+        if shard.dtype != self.flat_param.dtype:
+            shard.data = shard.data.to(self.flat_param.dtype)
+        self._keep_reduced(shard)
+        if self.use_orig_params:
+            self.use_sharded_grad_views()
 
     def _reduce_unsharded(self, reduction: Reduction) -> None:
         grad = self.flat_param.grad

@@ -25,6 +25,7 @@ def step_unit(unit: FullyShardedDataParallel, handle: FlatHandle) -> None:
     if state is None:
         return
     optimizer = state.functional_optimizer
+    handle.finish_reduction()
     handle.wait_for_offload()
     only = getattr(state, "params_to_optimize", None)
     for param, grad in handle.params_and_grads():

@@ -166,9 +166,20 @@ def _post_backward_hook(unit: FullyShardedDataParallel, handle: FlatHandle, *_: 
         if handle.use_orig_params:
             handle.unsharded_grad_views()
         return
+    root = unit._root if unit._root is not None else unit
+    _finish_reductions(root)
     handle.reduce_grad(_reduction(unit))
+    if handle._reduction_in_flight is not None:
+        root._reductions_in_flight.append(handle)
     if unit._overlapped_optim is not None:
         step_unit(unit, handle)
+
+
+def _finish_reductions(root: FullyShardedDataParallel) -> None:
+    """Finish the reductions left running by earlier post-backwards (see ``finish_reduction``)."""
+    pending = root._reductions_in_flight
+    while pending:
+        pending.pop(0).finish_reduction()
 
 
 def _reduction(unit: FullyShardedDataParallel) -> Reduction:
@@ -185,6 +196,7 @@ def _reduction(unit: FullyShardedDataParallel) -> Reduction:
 def _final_callback(root: FullyShardedDataParallel) -> None:
     """After the whole backward: reshard what is left, hand reduced shards to ``.grad``."""
     _prefetch.drop_unused(root)
+    _finish_reductions(root)
     for unit in root._all_units:
         handle = unit._handle
         unit._handle_state = "idle"

@@ -29,6 +29,7 @@ from torch.distributed.fsdp.api import OptimStateDictConfig
 
 from . import _construct, _prefetch, _runtime, _state_dict, _unshard
 from ._construct import ProcessGroupArg
+from ._flat import FlatHandle
 from ._optim_api import OptimStateDictMethods
 from ._shared import FLAT, HYBRID, WRAPPED, UnitBase, clean_name, units_under
 
@@ -141,6 +142,7 @@ class FullyShardedDataParallel(UnitBase, OptimStateDictMethods):
         self._is_root: Optional[bool] = None
         self._all_units: list[FullyShardedDataParallel] = []
         self._root: Optional[FullyShardedDataParallel] = None
+        self._reductions_in_flight: list[FlatHandle] = []
         self._prefetch_order = _prefetch.Order()
         self._sync_gradients = True
         self._handle_state = "idle"
