@@ -31,3 +31,11 @@ reduce_scatter_flat: Callable[..., Any] = collective(
 
 all_reduce: Callable[..., Any] = collective("fsdp.all_reduce", dist.all_reduce, "tensor", "op")
 """``all_reduce(tensor, group=...)``: a gradient's sum across a (replicate) group."""
+
+reduce_scatter_by_all_to_all: Callable[..., Any] = collective(
+    "fsdp.reduce_scatter", dist.all_to_all_single, "input"
+)
+"""``reduce_scatter_by_all_to_all(received, input, group=...)``: each rank's chunk of ``input``
+sent to that rank, ``received`` holding every rank's chunk for this one (row = sender); the
+sum is taken by the caller. What a reduce-scatter must move, (W-1)/W of the input per rank,
+where gloo's own reduce-scatter moves twice that."""

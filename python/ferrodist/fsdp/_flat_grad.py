@@ -14,6 +14,7 @@ post-divide factor, and add to any gradient kept from an earlier backward.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
@@ -24,7 +25,12 @@ from torch import nn
 
 from ferrodist.debug import _recorder
 
-from ._collectives import all_gather_flat, all_reduce, reduce_scatter_flat
+from ._collectives import (
+    all_gather_flat,
+    all_reduce,
+    reduce_scatter_by_all_to_all,
+    reduce_scatter_flat,
+)
 
 if TYPE_CHECKING:
     from ._layout import FlatParamLayout, ShardParamInfo
@@ -40,6 +46,20 @@ class Reduction:
     replicate_group: Optional[dist.ProcessGroup] = None
     hook: Optional[Callable[..., Any]] = None
     hook_state: Any = None
+
+
+def _sums_by_all_to_all(group: Any, padded: torch.Tensor) -> bool:
+    """Whether to reduce-scatter on gloo by an all-to-all and a local sum in rank order, which
+    moves half the bytes of gloo's own reduce-scatter (an all-reduce underneath). At two ranks
+    the sum is torch's bit for bit (a + b either way round), so it is the default there; at
+    three or more the order of the additions differs from gloo's ring, so it is used only when
+    ``FERRODIST_FSDP_ALL_TO_ALL_REDUCE_SCATTER=1`` asks (``=0`` keeps gloo's at any size)."""
+    if padded.device.type != "cpu" or dist.get_backend(group) != "gloo":
+        return False
+    chosen = os.environ.get("FERRODIST_FSDP_ALL_TO_ALL_REDUCE_SCATTER", "")
+    if chosen.strip() in ("0", "1"):
+        return chosen.strip() == "1"
+    return dist.get_world_size(group) == 2
 
 
 def _divide(tensor: torch.Tensor, factor: float) -> None:
@@ -76,9 +96,11 @@ class FlatGrads:
         self._cpu_grad_arriving: Optional[torch.Tensor] = None
         self._add_on_arrival = False
         self._offload_in_flight = False
-        self._reduction_in_flight: Optional[tuple[Any, torch.Tensor, torch.Tensor, float]] = None
-        """A reduce-scatter left running: (its work, the shard it fills, its input, the
-        post-divide factor still to apply)."""
+        self._reduction_in_flight: Optional[
+            tuple[Any, torch.Tensor, Optional[torch.Tensor], float]
+        ] = None
+        """A reduce-scatter left running: (its work, the shard it fills, the chunks an
+        all-to-all receives when it is composed from one, the post-divide still to apply)."""
 
     # ----- before and after the backward -----
 
@@ -130,8 +152,15 @@ class FlatGrads:
         shard = torch.empty(self.layout.shard_numel, dtype=unsharded.dtype, device=unsharded.device)
         if reduction.hook is None and reduction.replicate_group is None:
             _divide(padded, reduction.predivide)
-            work = reduce_scatter_flat(shard, padded, group=self.group, async_op=True)
-            self._reduction_in_flight = (work, shard, padded, reduction.postdivide)
+            if _sums_by_all_to_all(self.group, padded):
+                received = torch.empty_like(padded)
+                work = reduce_scatter_by_all_to_all(
+                    received, padded, group=self.group, async_op=True
+                )
+            else:
+                received = None
+                work = reduce_scatter_flat(shard, padded, group=self.group, async_op=True)
+            self._reduction_in_flight = (work, shard, received, reduction.postdivide)
             return
         if reduction.hook is None:
             _divide(padded, reduction.predivide)
@@ -155,9 +184,14 @@ class FlatGrads:
         if pending is None:
             return
         self._reduction_in_flight = None
-        work, shard, _padded, postdivide = pending
+        work, shard, received, postdivide = pending
         work.wait()
         _recorder.waited(work)
+        if received is not None:  # every rank's chunk for this one: summed in rank order
+            rows = received.view(-1, shard.numel())
+            shard.copy_(rows[0])
+            for row in rows[1:]:
+                shard.add_(row)
         _divide(shard, postdivide)
         if shard.dtype != self.flat_param.dtype:
             shard.data = shard.data.to(self.flat_param.dtype)
