@@ -1,0 +1,71 @@
+"""One rank of the worlds started by test_fsdp_reduce_scatter.py: FSDP's reduce-scatter on gloo
+composed of an all-to-all and a local sum (see ``fsdp._flat_grad._sums_by_all_to_all``).
+
+The same model trains one step with the composed path and with gloo's own reduce-scatter
+(``FERRODIST_FSDP_ALL_TO_ALL_REDUCE_SCATTER`` set per run); the composed path must really be
+taken (its function is counted), and its gradients must equal gloo's: bit for bit at two ranks,
+to rounding at three. Prints ``RESULT name PASS|FAIL why``.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import os
+import sys
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from _scenario_world import run_scenarios
+from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+import ferrodist.fsdp._flat_grad as flat_grad
+from ferrodist.fsdp import FullyShardedDataParallel as FSDP
+
+_calls = {"all_to_all": 0}
+_composed = flat_grad.reduce_scatter_by_all_to_all
+
+
+def _counted(*args: Any, **kwargs: Any) -> Any:
+    _calls["all_to_all"] += 1
+    return _composed(*args, **kwargs)
+
+
+flat_grad.reduce_scatter_by_all_to_all = _counted  # type: ignore[assignment]
+
+
+def _grads(base: torch.nn.Module, setting: str) -> list[torch.Tensor]:
+    os.environ["FERRODIST_FSDP_ALL_TO_ALL_REDUCE_SCATTER"] = setting
+    model = FSDP(copy.deepcopy(base), auto_wrap_policy=ModuleWrapPolicy({torch.nn.Linear}))
+    g = torch.Generator().manual_seed(dist.get_rank())
+    model(torch.randn(5, 9, generator=g)).square().mean().backward()
+    return [p.grad.clone() for p in model.parameters() if p.grad is not None]
+
+
+def run(composed_by_default: bool) -> None:
+    torch.manual_seed(0)
+    base = torch.nn.Sequential(torch.nn.Linear(9, 31), torch.nn.Tanh(), torch.nn.Linear(31, 3))
+    _calls["all_to_all"] = 0
+    gloo = _grads(base, "0")
+    assert _calls["all_to_all"] == 0, _calls
+    composed = _grads(base, "1")
+    assert _calls["all_to_all"] >= 2, _calls  # one per unit
+    default = _grads(base, "")
+    assert (_calls["all_to_all"] >= 4) == composed_by_default, _calls
+    exact = dist.get_world_size() == 2
+    for a, b in zip(gloo, composed):
+        if exact:
+            assert torch.equal(a, b), (a - b).abs().max()
+        else:
+            torch.testing.assert_close(a, b)
+    for a, b in zip(gloo if not composed_by_default else composed, default):
+        assert torch.equal(a, b)
+
+
+def main(rank: int, world: int, port: int) -> None:
+    run_scenarios(rank, world, port, {"composed": functools.partial(run, world == 2)})
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]))

@@ -1,0 +1,14 @@
+"""FSDP's reduce-scatter on gloo by an all-to-all and a local sum (half the bytes of gloo's own):
+taken by default at two ranks and equal to gloo's bit for bit there; opt-in at three, equal to
+rounding (see _fsdp_reduce_scatter_worker)."""
+
+from __future__ import annotations
+
+import pytest
+from _scenario_world import scenario_results
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_the_composed_reduce_scatter_is_used_and_equals_gloos(world: int) -> None:
+    results = scenario_results("_fsdp_reduce_scatter_worker", ["composed"], world)
+    assert results["composed"] == ["PASS"] * world, results
