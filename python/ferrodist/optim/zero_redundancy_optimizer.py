@@ -10,6 +10,8 @@ ferrodist differs it is on purpose:
   number of parameter groups, and does not overwrite entries of the caller's dict.
 * overlap mode works on gloo: the DDP hooks never issue a collective from a future callback.
 * partitioning and the overlap-mode bucket assignment run in the Rust core.
+* ``overlap_with_forward(model)`` (opt-in, ferrodist only) leaves the post-step broadcasts in
+  flight when ``step()`` returns; each module's forward waits for its own parameters' broadcasts.
 """
 
 from __future__ import annotations
@@ -22,11 +24,13 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch import nn
 from torch.distributed.algorithms.join import Join, Joinable, JoinHook
 from torch.optim import Optimizer
 
 from ferrodist._recorded_ops import collective
 from ferrodist.optim import _bucket_view, _checkpoint
+from ferrodist.optim._forward_overlap import ForwardOverlap, OverlapHandle
 from ferrodist.optim._overlap_state import (
     _DDPBucketAssignment,
     _OverlapInfo,
@@ -114,6 +118,7 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable):
     ) -> None:
         params, self._all_params = verify_params(params)
         verify_same_dense_type(self._all_params)
+        self._forward_overlap: ForwardOverlap | None = None
         # `Optimizer.__init__` calls `add_param_group`; only the parent's part may run until the
         # partition exists.
         self.initialized = False
@@ -309,6 +314,7 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable):
                 "ZeroRedundancyOptimizer with `overlap_with_ddp=True` only supports a single "
                 "parameter group"
             )
+        self.wait_for_params()  # the bucket views are rebuilt from the parameters below
         super().add_param_group(param_group)
         if not self.initialized:
             return
@@ -373,9 +379,83 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable):
 
     def _sync_params(self) -> None:
         """Give every rank every shard's updated parameters."""
+        if self._forward_overlap is not None:
+            self._sync_params_overlapped(self._forward_overlap)
+            return
         handles = [h for r in range(self.world_size) for h in self._broadcast_params_from_rank(r)]
         for handle in handles:
             handle.wait()
+
+    def _broadcast_plan(self) -> list[tuple[torch.Tensor, int, list[torch.Tensor]]]:
+        """Every broadcast of a sync, in today's order: (tensor, owner rank, the parameters
+        it carries)."""
+        partition = self._partition_parameters()
+        if not self.parameters_as_bucket_view:
+            return [
+                (p.data, rank, [p])
+                for rank in range(self.world_size)
+                for g in partition[rank]
+                for p in g["params"]
+            ]
+        per_device = list(_bucket_view.params_per_device_per_rank(partition).values())
+        return [
+            (self._buckets[d][rank], rank, [p for p in per_device[d][rank] if p.requires_grad])
+            for rank in range(self.world_size)
+            for d in range(len(self._buckets))
+        ]
+
+    def _sync_params_overlapped(self, overlap: ForwardOverlap) -> None:
+        """Issue every broadcast asynchronously, in the order the forward needs them; leave in
+        flight those whose parameters are all held by hooked modules, wait for the rest."""
+        plan = sorted(self._broadcast_plan(), key=lambda entry: overlap.order(entry[2]))
+        now: list[Any] = []
+        for tensor, rank, covered in plan:
+            work = _broadcast(
+                tensor, src=self._global_rank(rank), group=self.process_group, async_op=True
+            )
+            if overlap.order(covered) < 0:
+                now.append(work)
+            else:
+                overlap.defer(work, covered)
+        for work in now:
+            work.wait()
+
+    def overlap_with_forward(self, module: nn.Module) -> OverlapHandle:
+        """Overlap the parameter broadcasts after ``step()`` with ``module``'s next forward
+        (ferrodist only; call it on every rank with the same module structure).
+
+        From then on ``step()`` issues the broadcasts asynchronously and returns; a forward
+        pre-hook on each submodule that directly holds parameters of this optimizer waits for
+        the broadcasts of its own parameters just before it runs. Results are bit for bit those
+        of the synchronous ``step()``.
+
+        The contract: after ``step()`` returns, a parameter that a hooked module holds has its
+        updated value once that module's forward begins, once ``module.state_dict()`` or
+        ``module.load_state_dict()`` is called, or once any of ``step()``,
+        ``consolidate_state_dict()``, ``state_dict()``, ``load_state_dict()``,
+        ``add_param_group()`` or :meth:`wait_for_params` of this optimizer is called. Any other
+        read or write of such a parameter in between (logging or clipping weights, an EMA copy,
+        a parent module using a child's parameter without calling the child) must call
+        :meth:`wait_for_params` first. Parameters of the optimizer that no submodule of
+        ``module`` holds are updated when ``step()`` returns, as without overlap.
+
+        Returns a handle whose ``remove()`` waits for what is in flight and makes ``step()``
+        synchronous again.
+        """
+        if self._overlap_with_ddp:
+            raise RuntimeError(
+                "`overlap_with_forward` cannot be combined with `overlap_with_ddp=True`"
+            )
+        if self._forward_overlap is not None:
+            raise RuntimeError("`overlap_with_forward` is already on for this optimizer")
+        self._forward_overlap = ForwardOverlap(module, self._all_params)
+        return OverlapHandle(self, self._forward_overlap)
+
+    def wait_for_params(self) -> None:
+        """Wait for every parameter broadcast still in flight (see :meth:`overlap_with_forward`;
+        without it, a no-op)."""
+        if self._forward_overlap is not None:
+            self._forward_overlap.wait_all()
 
     def step(  # type: ignore[override]
         self, closure: Callable[[], float] | None = None, **kwargs: Any
@@ -386,6 +466,8 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable):
                 "`step()` should not be included in the training loop when `overlap_with_ddp=True`"
             )
             return None
+        # The owners' broadcasts still read the parameters this step writes.
+        self.wait_for_params()
         loss = self._local_step(closure=closure, **kwargs)
         self._sync_params()
         return loss
@@ -415,6 +497,7 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable):
         holds at most the output plus one small header, and other ranks hold nothing extra.
         """
         self._check_overlap_initialized()
+        self.wait_for_params()
         _sync_param_groups(self.param_groups, self.optim.param_groups)
         self._consolidated_state = None  # a failed consolidation leaves no stale copy
         self._consolidated_state = _checkpoint.consolidate(self, to)
@@ -426,6 +509,7 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable):
             RuntimeError: ``consolidate_state_dict`` did not target this rank.
         """
         self._check_overlap_initialized()
+        self.wait_for_params()
         if self._consolidated_state is None:
             raise RuntimeError(
                 "Optimizer state has not been consolidated on this rank. Please call "
@@ -444,6 +528,7 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable):
         partition. The caller's dict is left unchanged.
         """
         self._check_overlap_initialized()
+        self.wait_for_params()
         owned = _checkpoint.load_owned_state(self, state_dict)
         # The global object records only which parameters have state; the tensors live in the
         # local optimizer.
