@@ -224,6 +224,24 @@ class Lab:
             signal.signal(sig, old)
         self._old_handlers.clear()
 
+    # --- faults ------------------------------------------------------------------------
+    def cut(self, host: int) -> None:
+        """Cuts host ``host``'s cable: its switch port goes down, so the host sees no carrier
+        and every packet to or from it is dropped. Nothing is reset: its processes and their
+        TCP connections live on, sending into the void, as behind a pulled cable or a dead
+        switch port (``restore`` plugs it back in; established connections then resume)."""
+        self._check_host(host)
+        run("ip", "-n", self.switch, "link", "set", f"p{host}", "down")
+
+    def restore(self, host: int) -> None:
+        """Undoes ``cut(host)``: the switch port comes back up (the bridge forwards at once)."""
+        self._check_host(host)
+        run("ip", "-n", self.switch, "link", "set", f"p{host}", "up")
+
+    def _check_host(self, host: int) -> None:
+        if not 0 <= host < self.hosts:
+            raise ValueError(f"host {host} is not in this lab of {self.hosts} hosts")
+
     # --- addresses and counters ---------------------------------------------------------
     def address(self, host: int) -> str:
         """Host ``host``'s address on the lab link."""

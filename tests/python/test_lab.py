@@ -3,9 +3,11 @@
 Two hosts reach each other only through their shaped link (a 50 MB TCP transfer at 1 Gbit/s
 takes at least its bytes at link rate, less one TBF burst, and both ends' counters show it);
 a 2-host gloo all_reduce works with GLOO_SOCKET_IFNAME set by the lab and its bytes go over
-the lab link; teardown leaves no namespace or process behind, on exit, on an exception, on
-SIGTERM/SIGINT, and after the owner is SIGKILLed and ``cleanup`` runs, while a live lab is
-never touched by ``cleanup``. Skips, with the reason, where namespaces cannot be made.
+the lab link; a cut host (``Lab.cut``: its switch port down) is unreachable, sees no carrier
+and keeps its TCP connections, which carry on after ``Lab.restore``; teardown leaves no
+namespace or process behind, on exit, on an exception, on SIGTERM/SIGINT, and after the owner
+is SIGKILLed and ``cleanup`` runs, while a live lab is never touched by ``cleanup``. Skips,
+with the reason, where namespaces cannot be made.
 """
 
 from __future__ import annotations
@@ -197,6 +199,88 @@ def test_a_failing_rank_ends_the_launch_early(lab: Lab) -> None:
     assert time.monotonic() - start < 20
     assert results[1].returncode == 3 and not results[1].timed_out
     assert results[0].timed_out
+
+
+ECHO_SERVER = """
+import socket, sys
+srv = socket.create_server((sys.argv[1], 5002))
+print("listening", flush=True)
+conn, _ = srv.accept()
+while chunk := conn.recv(4096):
+    conn.sendall(chunk)
+"""
+
+# One connection; per stdin line "WORD SECONDS": send WORD, wait that long for its echo.
+ECHO_CLIENT = """
+import socket, sys, time
+s = socket.create_connection((sys.argv[1], 5002), timeout=10)
+print("connected", flush=True)
+got = b""
+for line in sys.stdin:
+    word, wait = line.split()
+    s.sendall(word.encode() + b"\\n")
+    deadline = time.monotonic() + float(wait)
+    while (word.encode() + b"\\n") not in got and time.monotonic() < deadline:
+        s.settimeout(max(0.01, deadline - time.monotonic()))
+        try:
+            got += s.recv(4096)
+        except socket.timeout:
+            pass
+    print(("got " if (word.encode() + b"\\n") in got else "timeout ") + word, flush=True)
+"""
+
+
+def test_a_cut_host_is_unreachable_until_restored_and_its_connections_survive(lab: Lab) -> None:
+    server = lab.popen(
+        1,
+        [sys.executable, "-c", textwrap.dedent(ECHO_SERVER), lab.address(1)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert server.stdout is not None
+    assert server.stdout.readline().strip() == "listening"
+    client = lab.popen(
+        0,
+        [sys.executable, "-c", textwrap.dedent(ECHO_CLIENT), lab.address(1)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert client.stdin is not None and client.stdout is not None
+
+    def echo(word: str, wait: float) -> str:
+        assert client.stdin is not None and client.stdout is not None
+        client.stdin.write(f"{word} {wait}\n")
+        client.stdin.flush()
+        return client.stdout.readline().strip()
+
+    try:
+        assert client.stdout.readline().strip() == "connected"
+        assert echo("before", 10) == "got before"
+        lab.cut(1)
+        try:
+            assert echo("during", 1.5) == "timeout during"
+            link = json.loads(
+                subprocess.run(
+                    ["ip", "-n", lab.namespaces[1], "-j", "link", "show", "dev", lab.ifname],
+                    capture_output=True,
+                    text=True,
+                    check=True,
+                    timeout=10,
+                ).stdout
+            )[0]
+            assert "NO-CARRIER" in link["flags"], link  # the host sees its cable pulled
+        finally:
+            lab.restore(1)
+        # the same connection carries on: TCP retransmits what the cut swallowed
+        assert echo("after", 20) == "got after"
+    finally:
+        client.kill()
+        server.kill()
+        client.communicate(timeout=10)
+        server.communicate(timeout=10)
+    with pytest.raises(ValueError, match="not in this lab"):
+        lab.cut(2)
 
 
 def _root_links() -> set[str]:
