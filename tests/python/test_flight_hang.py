@@ -87,6 +87,9 @@ def test_a_stopped_rank_is_named_behind_with_its_last_op_within_twice_the_thresh
         error = values(out, "ERROR")
         assert error and "rank 2 last completed" in error[0], out
     assert len(stuck_report_logs(outputs)) == 1, outputs
+    # a stopped process heartbeats no more: once that is older than the limit, one more line
+    gone = [line for out in outputs for line in out.splitlines() if "rank 2 is gone now" in line]
+    assert len(gone) == 1, outputs
 
 
 def test_a_rank_issuing_another_op_is_a_desync_naming_both_call_sites(tmp_path):

@@ -8,7 +8,9 @@ and ``python -m ferrodist.doctor --store`` reads; when this rank's oldest pendin
 longer than the threshold, it reads the other ranks' summaries and runs the Rust diagnosis
 (``flight_diagnose``): who is behind, who diverged (a desync), who is gone. The report is logged
 once for the whole job (the first waiting rank to claim the op's key with the store's ``add``
-logs it) and kept, so that the error the stuck op finally raises carries it.
+logs it) and kept, so that the error the stuck op finally raises carries it. A rank that looked
+behind in that report and whose heartbeat stops later (its host cut off or dead, its process
+frozen) is logged once more when it turns gone, within the heartbeat timeout.
 
 Every store call goes through a clone of the store with a short timeout (the main thread's store
 keeps its own) and reads only keys that ``check`` says exist, so the thread never blocks long.
@@ -107,6 +109,7 @@ class Watchdog:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._logged: set[str] = set()
+        self._gone_logged: dict[str, set[int]] = {}
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_w, False)
         self._signal_fd = False
@@ -228,25 +231,51 @@ class Watchdog:
         waited = time.time() - (oldest.get("issued_at_ms") or 0) / 1000
         if waited < self.threshold_s:
             return
-        text, found, waiting = self.diagnose(mine)
+        text, found, waiting, gone = self._diagnose(mine)
         if not found:
             return
         self.report = text
         claim = f"{oldest.get('group')}/{oldest.get('seq')}"
-        if claim in self._logged or (waiting and min(waiting) != self.rank):
-            return  # logged already, or a lower waiting rank logs it
-        self._logged.add(claim)
-        with self._lock:  # the store's add makes it once per job even if two ranks think so
-            first = self._store.add(f"{KEY_PREFIX}logged/{claim}", 1) == 1
-        if first:
-            logger.error("ferrodist flight recorder: a collective is stuck\n%s", text)
+        if waiting and min(waiting) != self.rank:
+            return  # a lower waiting rank logs it
+        if claim not in self._logged:
+            self._logged.add(claim)
+            self._gone_logged[claim] = set(gone)
+            if self._first_in_job(claim):
+                logger.error("ferrodist flight recorder: a collective is stuck\n%s", text)
+            return
+        # A rank whose heartbeat stopped after the first report (a host cut off or dead, a
+        # frozen process) looked merely behind then; say once that it is gone now.
+        new = sorted(set(gone) - self._gone_logged[claim])
+        if not new:
+            return
+        self._gone_logged[claim].update(new)
+        if self._first_in_job(f"{claim}/gone/{','.join(map(str, new))}"):
+            ranks = f"rank {new[0]}" if len(new) == 1 else f"ranks {', '.join(map(str, new))}"
+            logger.error(
+                "ferrodist flight recorder: the stuck collective's report changed: %s gone now "
+                "(no heartbeat: a host down or cut off, or a frozen process)\n%s",
+                f"{ranks} {'is' if len(new) == 1 else 'are'}",
+                text,
+            )
+
+    def _first_in_job(self, what: str) -> bool:
+        """Whether this rank is the first of the job to log ``what`` (the store's ``add`` makes
+        it once per job even if two ranks think they should)."""
+        with self._lock:
+            return bool(self._store.add(f"{KEY_PREFIX}logged/{what}", 1) == 1)
 
     def diagnose(self, mine: Optional[str] = None) -> tuple[str, bool, list[int]]:
         """(report text, whether it found anything, the ranks waiting in an op), from every
         rank's published summary."""
+        text, found, waiting, _ = self._diagnose(mine)
+        return text, found, waiting
+
+    def _diagnose(self, mine: Optional[str] = None) -> tuple[str, bool, list[int], list[int]]:
+        """``diagnose``'s answer and the ranks found gone."""
         rec = _recorder.recorder()
         if rec is None:
-            return "", False, []
+            return "", False, [], []
         if mine is None:
             mine = self.publish()
         summaries = [mine]
@@ -269,7 +298,8 @@ class Watchdog:
         waiting = sorted({r for b in parsed.get("behind") or [] for r in b.get("waiting") or []})
         if not waiting:  # a desync or a gone rank alone: the ranks with an op pending
             waiting = sorted(s["rank"] for s in map(json.loads, summaries) if s.get("pending"))
-        return text, found, waiting
+        gone = sorted({g["rank"] for g in parsed.get("gone") or []})
+        return text, found, waiting, gone
 
     def _age_if_dead(self, summary: str, exited: list[tuple[int, int]]) -> str:
         """``summary``, with its heartbeat made older than the timeout when it names a process
