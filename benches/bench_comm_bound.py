@@ -15,10 +15,11 @@ alternates), and each row prints:
 
 Models: ``large`` has a few large tensors (8 x Linear(2048, 2048), 33.6M parameters, 16
 tensors), ``many`` has hundreds (300 x Linear(256, 256), 19.7M parameters, 600 tensors);
-256 rows a step. Wrappers: DDP, and FSDP FULL_SHARD with one unit per Linear (``--wrappers``).
+256 rows a step. Wrappers (``--wrappers``): ``ddp``, and FSDP with one unit per Linear,
+``fsdp`` (FULL_SHARD) and ``fsdp_sgo`` (SHARD_GRAD_OP).
 
     ./scripts/bench benches/bench_comm_bound.py [--rate 1gbit|10gbit|unshaped]
-        [--models large,many] [--wrappers ddp,fsdp] [--steps 5] [--warmup 1]
+        [--models large,many] [--wrappers ddp,fsdp,fsdp_sgo] [--steps 5] [--warmup 1]
 
 Needs root (network namespaces, ``tc``); elsewhere it says why and measures nothing.
 """
@@ -69,9 +70,13 @@ def _wrap(kind: str, wrapper: str, model: Any) -> Any:
     return impl(
         model,
         auto_wrap_policy=ModuleWrapPolicy({torch.nn.Linear}),
-        sharding_strategy=ShardingStrategy.FULL_SHARD,
+        sharding_strategy=ShardingStrategy[_STRATEGIES[wrapper]],
         device_id=torch.device("cpu"),
     )
+
+
+_STRATEGIES = {"fsdp": "FULL_SHARD", "fsdp_sgo": "SHARD_GRAD_OP"}
+"""``--wrappers`` names of the FSDP rows and their sharding strategies."""
 
 
 def _stepper(module: Any, x: Any) -> Callable[[], None]:
@@ -162,7 +167,7 @@ def _print(rows: list[dict[str, Any]], rate_bps: float, args: argparse.Namespace
             f"{r['model']}: {r['layers']} x Linear({r['width']}, {r['width']}), "
             f"{r['params'] / 1e6:.1f}M params, {r['tensors']} tensors"
         )
-        wrapper = "DDP" if r["wrapper"] == "ddp" else "FSDP FULL_SHARD"
+        wrapper = "DDP" if r["wrapper"] == "ddp" else f"FSDP {_STRATEGIES[r['wrapper']]}"
         print(
             f"| {model} | {wrapper} | {compute:.2f} s | {t['torch']:.2f} s | "
             f"{t['ferrodist']:.2f} s | {t['ferrodist'] / t['torch']:.2f}x | "
@@ -176,7 +181,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rate", default="1gbit")
     parser.add_argument("--models", default="large,many")
-    parser.add_argument("--wrappers", default="ddp,fsdp")
+    parser.add_argument("--wrappers", default="ddp,fsdp,fsdp_sgo")
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=1)
