@@ -24,7 +24,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use super::{jitter, Client};
+use super::connect::jitter;
+use super::Client;
 use crate::error::{Error, Result};
 use crate::store::Deadline;
 use crate::tcp::auth::AuthToken;
