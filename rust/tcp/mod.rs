@@ -27,30 +27,27 @@
 //! * [`server::handshake_deadline`]: closes connections that never send VALIDATE.
 //! * [`auth`]: the store's token and its challenge/response in the handshake.
 //! * [`server::metrics`]: the server's counters and their Prometheus text.
-//! * [`cli`]: `ServerArgs` and `run_until_signal`, the body of the `ferrodist-store` binary.
-//! * [`signals`]: SIGINT/SIGTERM held from `main`'s first instant until the handlers exist.
 //!
 //! # Files
 //!
 //! * `codec/`: wire format (`request.rs`, `reply.rs`, shared primitives in `mod.rs`).
 //! * `server/`: bind and accept, one task per connection, replies, shutdown, the handshake
 //!   deadline and the log budget; it serves [`crate::store::db`].
-//! * `client/`: the protocol sequences of one connection, its socket, the handshake for servers
-//!   without PING, and a store's pool of connections.
+//! * `client/`: one connection's sequences, a file each (connect and retry, handshake, call
+//!   framing, one-reply calls, waits), its socket, the handshake for servers without PING, and
+//!   a store's pool of connections.
 //! * `store/`: the Store facade over the client (`ops.rs`: each method; `barrier.rs`;
 //!   `tenants.rs`: the servers masters host, one configuration each; `waits.rs`: the calls
 //!   that wait for keys, re-sent after a durable server's restart).
 //! * `auth.rs`: the token and its proof, shared by client and server.
-//! * `cli.rs`: the `ferrodist-store` command line (`cli_backend.rs`: its `--backend` and
-//!   `--etcd-*` flags); `signals.rs`: its SIGINT/SIGTERM.
+//!
+//! The `ferrodist-store` binary's own concerns (its command line, `--backend` selection and
+//! signals) live with the binary, in `rust/bin/ferrodist_store/`.
 
 pub mod auth;
-pub mod cli;
-pub mod cli_backend;
 pub mod client;
 pub mod codec;
 pub mod server;
-pub mod signals;
 pub mod store;
 
 pub use crate::store::db::Db;
