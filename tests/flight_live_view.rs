@@ -16,6 +16,7 @@ use common::store_binary::store_client;
 use ferrodist::flight::summary::SUMMARY_VERSION;
 use ferrodist::flight::{now_ms, Entry, OpState, RankSummary};
 use ferrodist::store::Store;
+use ferrodist::tcp::TcpStore;
 
 /// The binary with metrics on a port it picks; its store port and metrics address.
 struct Served {
@@ -119,6 +120,13 @@ fn summary(rank: usize, heartbeat_ms: u64, last: Option<Entry>, pending: Vec<Ent
     .to_json()
 }
 
+/// Returns once the server has applied every `set` sent before: torch's SET has no reply, so
+/// a set is only known to be stored once a request sent after it on the same connection has
+/// been answered (the metrics page reads the store from another connection).
+fn applied(store: &TcpStore) {
+    store.num_keys().unwrap();
+}
+
 #[test]
 fn the_page_and_the_metrics_show_each_ranks_last_op_and_heartbeat_by_job() {
     let served = serve(&[]);
@@ -159,6 +167,7 @@ fn the_page_and_the_metrics_show_each_ranks_last_op_and_heartbeat_by_job() {
     for (key, value) in &job {
         store.set(key, value.as_bytes()).unwrap();
     }
+    applied(&store);
 
     let (status, page) = get(&served.metrics, "/flight");
     assert_eq!(status, "HTTP/1.1 200 OK");
@@ -220,6 +229,7 @@ fn the_page_and_the_metrics_show_each_ranks_last_op_and_heartbeat_by_job() {
             summary(1, now_ms(), None, vec![]).as_bytes(),
         )
         .unwrap();
+    applied(&store);
     let (_, page) = get(&served.metrics, "/flight");
     let rank1 = page.lines().find(|l| l.starts_with("  rank 1:")).unwrap();
     assert!(!rank1.contains("STALE"), "{page}");
@@ -253,6 +263,7 @@ fn with_the_etcd_backend_the_page_says_the_view_is_not_available() {
             summary(0, now_ms(), None, vec![]).as_bytes(),
         )
         .unwrap();
+    applied(&store);
     let (status, page) = get(&served.metrics, "/flight");
     assert_eq!(status, "HTTP/1.1 200 OK");
     assert!(page.contains("not available"), "{page}");
