@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -21,14 +22,22 @@ def env() -> dict[str, str]:
     return out
 
 
+def default_sigint() -> None:
+    """In a child before exec: SIGINT back to its default disposition. A runner started in
+    the background of a non-interactive shell (``cmd &``) ignores SIGINT, and an ignored
+    signal stays ignored across exec; the Ctrl-C tests must see what a user's process sees."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def spawn(code: str, *args: str) -> subprocess.Popen[str]:
-    """Starts ``python -c code args...``, capturing text output."""
+    """Starts ``python -c code args...``, capturing text output (SIGINT at its default)."""
     return subprocess.Popen(
         [sys.executable, "-c", textwrap.dedent(code), *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
         env=env(),
+        preexec_fn=default_sigint,
     )
 
 

@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from _procs import default_sigint
 from _procs import env as proc_env
 
 REPO = Path(__file__).resolve().parents[2]
@@ -316,6 +317,7 @@ def _start_owner() -> tuple[subprocess.Popen[str], str, int]:
         stdout=subprocess.PIPE,
         text=True,
         env=_env(),
+        preexec_fn=default_sigint,  # a background runner ignores SIGINT; a user's owner does not
     )
     assert owner.stdout is not None
     name, pid = owner.stdout.readline().split()
