@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
@@ -193,28 +192,12 @@ def main() -> int:
     if args.worker:
         _worker(args)
         return 0
-    from benches.lab import Lab, unavailable
+    from benches.lab import run_workers
 
-    reason = unavailable()
-    if reason:
-        print(f"bench_comm_bound: lab unavailable ({reason}); nothing measured")
-        return 0
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(
-        [str(REPO), str(REPO / "python"), env.get("PYTHONPATH", "")]
-    )
-    argv = [sys.executable, str(Path(__file__).resolve()), "--worker", *sys.argv[1:]]
-    with Lab(hosts=2, rate=args.rate) as lab:
-        results = lab.launch(argv, env=env, timeout=args.timeout)
-        rate_bps = lab.rate_bps
-    for r in results:
-        if r.returncode != 0:
-            state = "killed at the deadline" if r.timed_out else f"exit {r.returncode}"
-            print(f"rank {r.rank} failed ({state}):\n{r.output}")
-            return 1
-    line = next(x for x in results[0].output.splitlines() if x.startswith("RESULT "))
-    _print(json.loads(line[len("RESULT ") :]), rate_bps, args)
-    return 0
+    def report(rows: list[dict[str, Any]], rate_bps: float) -> None:
+        _print(rows, rate_bps, args)
+
+    return run_workers("bench_comm_bound", __file__, args.rate, args.timeout, report)
 
 
 if __name__ == "__main__":

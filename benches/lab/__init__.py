@@ -21,6 +21,7 @@ CLI: ``python -m benches.lab run|cleanup|list`` (see ``__main__``).
 
 from __future__ import annotations
 
+from ._bench import run_workers
 from ._cleanup import cleanup, leftover_labs
 from ._ip import PREFIX, LabError, lab_namespaces
 from ._lab import Lab, parse_rate
@@ -38,5 +39,6 @@ __all__ = [
     "leftover_labs",
     "local_bytes",
     "parse_rate",
+    "run_workers",
     "unavailable",
 ]

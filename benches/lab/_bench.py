@@ -1,0 +1,51 @@
+"""Running a bench's workers on the lab: one rank per host, the results read from rank 0.
+
+Why here: every lab bench (``bench_comm_bound``, ``bench_zero_overlap``) starts itself again
+as ``--worker`` inside each host, with this checkout on the path, waits for the ranks under a
+deadline, says which rank failed and how, and reads the JSON rows rank 0 printed after
+``RESULT``. One copy of that, so the benches hold only what they measure and print.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+from ._lab import Lab
+from ._probe import unavailable
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def run_workers(
+    name: str,
+    script: str,
+    rate: str,
+    timeout: float,
+    report: Callable[[list[dict[str, Any]], float], None],
+) -> int:
+    """Runs ``script --worker <this command's arguments>`` in a 2-host lab at ``rate`` and hands
+    rank 0's rows and the link rate (bit/s) to ``report``; the exit status for ``main``."""
+    reason = unavailable()
+    if reason:
+        print(f"{name}: lab unavailable ({reason}); nothing measured")
+        return 0
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(REPO), str(REPO / "python"), env.get("PYTHONPATH", "")]
+    )
+    argv = [sys.executable, str(Path(script).resolve()), "--worker", *sys.argv[1:]]
+    with Lab(hosts=2, rate=rate) as lab:
+        results = lab.launch(argv, env=env, timeout=timeout)
+        rate_bps = lab.rate_bps
+    for r in results:
+        if r.returncode != 0:
+            state = "killed at the deadline" if r.timed_out else f"exit {r.returncode}"
+            print(f"rank {r.rank} failed ({state}):\n{r.output}")
+            return 1
+    line = next(x for x in results[0].output.splitlines() if x.startswith("RESULT "))
+    report(json.loads(line[len("RESULT ") :]), rate_bps)
+    return 0
