@@ -6,7 +6,7 @@ etcd_support.py), so etcd's fsync costs nothing here: on real disks each etcd wr
 disk flush more. All clients run as threads of this one process (so on one core of ferrodist's
 runtime for the Rust clients); a real job has them in separate processes and hosts.
 
-A rendezvous is ferrodist's join (``ferrodist._rendezvous.wait_for_ranks``: each client enrolls
+A rendezvous is ferrodist's join (``ferrodist.rdzv.join.wait_for_ranks``: each client enrolls
 itself and learns how many have, the last one sets a done key, the others wait on it), with each
 client on its own connection. On the TCP stores enrolling is an append and an add; on etcd a key
 per client counted in the same transaction (``rust/store/etcd/roll.rs``).
@@ -27,7 +27,7 @@ from typing import Callable
 import torch.distributed as tdist
 
 import ferrodist
-from ferrodist import _rendezvous
+from ferrodist.rdzv import join as _rendezvous
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "python"))
 from bench_stores import _rate  # the same op-rate loop as the other store benches

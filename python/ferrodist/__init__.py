@@ -24,7 +24,7 @@ from ferrodist.ops import *  # noqa: F403
 from ferrodist.process_group import *  # noqa: F403
 
 # ferrodist's own pieces; imported after the star imports so they win over torch's names.
-from ferrodist import _native, _store_kinship, algorithms
+from ferrodist import _native, algorithms
 from ferrodist.bucketing import (
     compute_bucket_assignment_by_size,
     compute_bucket_assignment_by_size_from_metadata,
@@ -52,25 +52,10 @@ from ferrodist.errors import (
     QueueEmptyError,
     StoreTimeoutError,
 )
-from ferrodist.file_store import FileStore
-from ferrodist.prefix_store import PrefixStore
-from ferrodist._rendezvous_api import register_etcd_with_torch, rendezvous, share_ports_with_torch
-from ferrodist.store import HashStore, Store
-from ferrodist.tcp_store import TCPStore
-
-# --- etcd store ---
-from ferrodist.etcd_store import EtcdStore
+from ferrodist.rdzv import rendezvous
+from ferrodist.stores import EtcdStore, FileStore, HashStore, PrefixStore, Store, TCPStore
 
 __version__: str = _native.__version__
-
-# torch RPC's tcp:// / env:// init shares a port ferrodist's rendezvous serves (see
-# ferrodist._rendezvous_api): torch's handlers are wrapped once, untouched for other ports.
-share_ports_with_torch()
-# torch's init_process_group(init_method="etcd://...") reaches ferrodist's EtcdStore.
-register_etcd_with_torch()
-# isinstance answers across ferrodist's store classes and torch's (ferrodist._store_kinship):
-# a group's store is torch's PrefixStore around ferrodist's, whichever names a script uses.
-_store_kinship.pair_with_torch()
 
 __all__ = [
     "AuthenticationError",

@@ -31,6 +31,9 @@ from datetime import timedelta
 from typing import Any, Optional
 
 from ferrodist import _native
+from ferrodist.debug._watchdog import JOB_KEY, KEY_PREFIX
+from ferrodist.stores.prefix import PrefixStore
+from ferrodist.stores.tcp import TCPStore
 
 __all__ = ["diagnose_dir", "diagnose_store", "main"]
 
@@ -100,10 +103,6 @@ def diagnose_store(
         Unreadable: the store did not answer within ``timeout_s``, refused this client, or
             holds no summary where this looked (the message says where, never a token).
     """
-    from ferrodist.debug._watchdog import JOB_KEY, KEY_PREFIX
-    from ferrodist.prefix_store import PrefixStore
-    from ferrodist.tcp_store import TCPStore
-
     host, port = host_port(address)
     where = f"{prefix}/{KEY_PREFIX}" if prefix else KEY_PREFIX
     deadline = time.monotonic() + timeout_s

@@ -1,6 +1,6 @@
 """Creating, inspecting and tearing down process groups.
 
-``init_process_group`` is ferrodist's: it runs the rendezvous (``ferrodist._rendezvous``, which
+``init_process_group`` is ferrodist's: it runs the rendezvous (``ferrodist.rdzv.join``, which
 hosts the store in rank 0 for ``tcp://`` and ``env://``, reports progress and names missing ranks
 on timeout) and then hands the store to torch's ``init_process_group``, which builds the gloo or
 NCCL backend over it. The default group therefore lives in torch's own registry, so everything
@@ -56,9 +56,10 @@ from torch.distributed import (
     supports_complex,
 )
 
-from ferrodist import _group_release, _rendezvous
+from ferrodist import _group_release
 from ferrodist.debug import _watchdog
-from ferrodist.prefix_store import PrefixStore
+from ferrodist.rdzv.join import join as join_rendezvous
+from ferrodist.stores.prefix import PrefixStore
 
 __all__ = [
     "default_pg_timeout",
@@ -190,7 +191,7 @@ def init_process_group(
     stores = [] if store is None else [store]
     if store is None:
         url = init_method if init_method is not None else "env://"
-        base, rank, world_size = _rendezvous.join(url, rank, world_size, timeout)
+        base, rank, world_size = join_rendezvous(url, rank, world_size, timeout)
         # torch prefixes the store it builds this way; the backend's keys match torch's, and
         # the prefix store is ferrodist's, as torch's is torch's.
         store = PrefixStore("default_pg", base)

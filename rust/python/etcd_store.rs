@@ -1,6 +1,6 @@
 //! Bindings for the etcd store: the `etcd_store` factory and its handle.
 //!
-//! `ferrodist.EtcdStore` (python/ferrodist/etcd_store.py) is a `torch.distributed.Store`
+//! `ferrodist.EtcdStore` (python/ferrodist/stores/etcd.py) is a `torch.distributed.Store`
 //! subclass that delegates to the [`PyNativeStore`] this returns; the handle keeps what is
 //! etcd's own (the prefix, the endpoints, `purge`).
 

@@ -1,7 +1,7 @@
 //! Bindings for the TCP store: the `TCPStore` factory. (`ferrodist-store` is the Rust binary
 //! alone; no Python on its path.)
 //!
-//! `ferrodist.TCPStore` (python/ferrodist/tcp_store.py) is a `torch.distributed.Store` subclass
+//! `ferrodist.TCPStore` (python/ferrodist/stores/tcp.py) is a `torch.distributed.Store` subclass
 //! that delegates to the [`PyNativeStore`] this returns; the handle keeps the connection details
 //! torch exposes (`host`, `port`, `libuvBackend`).
 

@@ -5,7 +5,7 @@ torch's test initializes a one-rank gloo group with ``USE_LIBUV=0`` (``env://``)
 expects a ``PrefixStore``, follows ``underlying_store`` while the store is a ``PrefixStore`` and
 expects a ``TCPStore`` whose ``libuvBackend`` is False. torch always wraps a group's store in its
 own ``PrefixStore``, so this passes under ferrodist only if the ``isinstance`` checks hold across
-torch's classes and ferrodist's (``ferrodist._store_kinship``). The scenario runs for every
+torch's classes and ferrodist's (``ferrodist.stores._kinship``). The scenario runs for every
 combination of who initializes the group (torch; ferrodist; torch on a port a ferrodist server
 already serves in this process, so ferrodist's rendezvous wrapper hands torch ferrodist's store)
 and whose names the checks use, over ``env://`` and ``tcp://``, with libuv off and on.

@@ -12,7 +12,7 @@ import pytest
 from etcd_support import etcd_cluster
 
 import ferrodist
-from ferrodist import _rendezvous
+from ferrodist.rdzv import join as _rendezvous
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.slow]
 

@@ -18,7 +18,7 @@ BLOCKED = """
 import sys, time
 from datetime import timedelta
 import ferrodist
-from ferrodist import _rendezvous
+from ferrodist.rdzv import join as _rendezvous
 store = ferrodist.EtcdStore(sys.argv[1], sys.argv[2], timedelta(seconds=120))
 calls = {
     "wait": lambda: store.wait(["never"], timedelta(seconds=120)),

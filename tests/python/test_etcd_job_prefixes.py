@@ -23,7 +23,7 @@ from tcp_support import StoreServer
 from torch.distributed.elastic.rendezvous import RendezvousParameters
 
 import ferrodist
-from ferrodist import elastic_rendezvous
+from ferrodist.rdzv import elastic as elastic_rendezvous
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -18,7 +18,7 @@ from _procs import PACKAGE_ROOT, env, finish, spawn
 from etcd_support import EtcdCluster
 
 import ferrodist
-from ferrodist._etcd_url import parse_etcd_url
+from ferrodist.rdzv.etcd_url import parse_etcd_url
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
 

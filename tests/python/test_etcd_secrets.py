@@ -19,8 +19,8 @@ from etcd_support import EtcdCluster
 from torch.distributed.elastic.rendezvous import RendezvousParameters
 
 import ferrodist
-from ferrodist import elastic_rendezvous
-from ferrodist._etcd_url import PASSWORD_ENV
+from ferrodist.rdzv import elastic as elastic_rendezvous
+from ferrodist.rdzv.etcd_url import PASSWORD_ENV
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -72,7 +72,11 @@ def test_the_package_as_it_is_keeps_every_contract(tmp_path: Path) -> None:
     ("module", "planted", "expected"),
     [
         # a store reaching up into DDP: the layers contract
-        ("store.py", "import ferrodist.ddp.reducer", "ferrodist.store -> ferrodist.ddp.reducer"),
+        (
+            "stores/base.py",
+            "import ferrodist.ddp.reducer",
+            "ferrodist.stores.base -> ferrodist.ddp.reducer",
+        ),
         # the flight recorder reaching up into process groups
         (
             "debug/_describe.py",
@@ -81,9 +85,9 @@ def test_the_package_as_it_is_keeps_every_contract(tmp_path: Path) -> None:
         ),
         # two siblings of one layer that must stay independent
         (
-            "tcp_store.py",
-            "import ferrodist.file_store",
-            "ferrodist.tcp_store -> ferrodist.file_store",
+            "stores/tcp.py",
+            "import ferrodist.stores.file",
+            "ferrodist.stores.tcp -> ferrodist.stores.file",
         ),
         # a cycle inside a subpackage: the acyclic contract (data_parallel imports reducer)
         (
@@ -148,11 +152,11 @@ def test_the_package_root_is_imported_only_for_native_and_submodules() -> None:
 
 def test_the_root_import_check_can_fail(tmp_path: Path) -> None:
     package = _copy_package(tmp_path)
-    _plant(package / "store.py", "from ferrodist import init_process_group")
+    _plant(package / "stores" / "base.py", "from ferrodist import init_process_group")
     _plant(package / "ddp" / "sink.py", "import ferrodist as dist")
     sink_line = len((package / "ddp" / "sink.py").read_text().splitlines())
-    store_line = len((package / "store.py").read_text().splitlines())
+    store_line = len((package / "stores" / "base.py").read_text().splitlines())
     assert _root_imports(package) == [
         f"ddp/sink.py:{sink_line}: <module> as dist",
-        f"store.py:{store_line}: init_process_group",
+        f"stores/base.py:{store_line}: init_process_group",
     ]

@@ -17,7 +17,7 @@ import pytest
 import torch.distributed as tdist
 
 import ferrodist as dist
-from ferrodist import _rendezvous as rdzv
+from ferrodist.rdzv import join as rdzv
 
 
 def _in_threads(urls_by_rank: dict[int, str], world: int, timeout_s: float, **kw: Any) -> dict:

@@ -63,7 +63,7 @@ def test_torch_prefix_store_over_a_ferrodist_store_outlives_the_python_reference
 def test_a_file_store_torch_held_is_released_and_cleaned_up_when_torch_lets_go(
     tmp_path: Path,
 ) -> None:
-    from ferrodist import _lifetime
+    from ferrodist.stores import _lifetime
 
     assert _lifetime._layout_ok(), "the precise keep-alive is in effect on this torch"
     path = tmp_path / "store"
@@ -91,7 +91,7 @@ def spy(cls, address):
 for cls in (ctypes.c_void_p, ctypes.c_uint64):
     cls.from_address = classmethod(spy)
 import ferrodist
-from ferrodist import _lifetime
+from ferrodist.stores import _lifetime
 prefixed = dist.PrefixStore("p", ferrodist.HashStore())
 gc.collect()
 prefixed.set("k", "v")

@@ -4,12 +4,12 @@ Two entry points. ``join`` is what ``ferrodist.init_process_group`` runs: open t
 for every rank, with progress reports and a timeout that names the missing ranks. ``rendezvous``
 is torch's public ``torch.distributed.rendezvous`` contract (a generator that yields
 ``(store, rank, world_size)`` once and refuses a re-rendezvous), built on ferrodist's stores; it
-lives in ``_rendezvous_api.py``.
+lives in ``ferrodist.rdzv.api``.
 
 ``tcp://host:port`` and ``env://`` host the TCP store server inside rank 0 (the embedded default: no
 separate process to start); ``file:///path`` shares a file; ``etcd://host:port,.../JOB`` keeps the
-store in an etcd cluster (``ferrodist._etcd_url``), which outlives any rank. Unlike torch, the wait
-for the other ranks is observable: every rank registers under ``_RDZV_PREFIX`` as it arrives; a
+store in an etcd cluster (``ferrodist.rdzv.etcd_url``), which outlives any rank. Unlike torch, the
+wait for the other ranks is observable: every rank registers under ``_RDZV_PREFIX`` as it arrives; a
 waiting rank logs which ranks have joined and which are still missing every ``progress_interval``
 seconds (env ``FERRODIST_RENDEZVOUS_PROGRESS_S``, default 10; logger ``ferrodist.rendezvous`` at
 WARNING, so it shows with no logging set-up: a rank still waiting after that long is worth a look);
@@ -38,6 +38,9 @@ import torch.distributed as _tdist
 
 from ferrodist import _native
 from ferrodist.collectives import _native_handle
+from ferrodist.rdzv.etcd_url import etcd_store_from_url
+from ferrodist.stores.file import FileStore
+from ferrodist.stores.tcp import TCPStore
 
 __all__ = ["join", "wait_for_ranks"]
 
@@ -62,9 +65,6 @@ def _key_prefix() -> str:
 
 def _store_class(kind: str) -> Any:
     """The store class for ``kind`` ("tcp" or "file"): ferrodist's, which take torch's arguments."""
-    from ferrodist.file_store import FileStore
-    from ferrodist.tcp_store import TCPStore
-
     return {"tcp": TCPStore, "file": FileStore}[kind]
 
 
@@ -133,8 +133,6 @@ def _open_store(
             raise ValueError(f"tcp:// init_method needs a host and a port, got {url!r}")
         host, port, hosts = parsed.hostname, parsed.port, rank == 0
     elif parsed.scheme == "etcd":
-        from ferrodist._etcd_url import etcd_store_from_url
-
         rank = _query_int(query, "rank", rank, url)
         world_size = _query_int(query, "world_size", world_size, url)
         _check_rank(rank, world_size)
@@ -152,7 +150,7 @@ def _open_store(
     _check_rank(rank, world_size)
     try:
         # multi_tenant, as torch's rendezvous: torch RPC's tcp:// or env:// init on the same port
-        # in rank 0 shares this server (see _rendezvous_api.share_ports_with_torch).
+        # in rank 0 shares this server (see ferrodist.rdzv.api.share_ports_with_torch).
         store = _store_class("tcp")(
             host,
             port,

@@ -12,7 +12,9 @@ Code that walks ``underlying_store`` while the store is a ``PrefixStore`` and th
 So each ferrodist store class and the torch class it mirrors (``TCPStore``, ``PrefixStore``,
 ``FileStore``, ``HashStore``) count each other's instances, and each other as subclasses: both
 get a metaclass (a subclass of pybind11's, which torch's store classes have) whose checks fall
-back to the kin class. Nothing else changes: not ``type()``, the method resolution order, or
+back to the kin class. ferrodist's classes are defined with it; torch's receive it when the
+first ferrodist store is made (``pair_torch_classes``), so importing ferrodist leaves torch's
+classes as they are. Nothing else changes: not ``type()``, the method resolution order, or
 what torch's C++ accepts (pybind11 checks real subtypes), and a subclass of either class keeps
 the ordinary checks. The price is a Python-level check when an instance is not of the class
 itself; torch's own code checks none of these classes.
@@ -24,15 +26,18 @@ from typing import Any
 
 import torch.distributed as _tdist
 
-__all__ = ["pair_store_classes", "pair_with_torch"]
+__all__ = ["KinChecks", "kin", "pair_torch_classes"]
 
 _PybindType: type = type(_tdist.Store)
 
 _KIN: dict[type, type] = {}
 """Each paired class -> the class it counts as its own (ferrodist's <-> torch's)."""
 
+_torch_classes_paired: bool | None = None
+"""None until the first ferrodist store is made; then whether torch's classes were paired."""
 
-class _KinChecks(_PybindType):  # type: ignore[misc, valid-type]
+
+class KinChecks(_PybindType):  # type: ignore[misc, valid-type]
     """Metaclass of the paired store classes: an instance or subclass of the kin class counts."""
 
     def __instancecheck__(cls, instance: Any) -> bool:
@@ -48,39 +53,30 @@ class _KinChecks(_PybindType):  # type: ignore[misc, valid-type]
         return kin is not None and type.__subclasscheck__(kin, subclass)
 
 
-def pair_store_classes(pairs: tuple[tuple[type, type], ...]) -> bool:
-    """Make each ``(ours, torch's)`` pair count each other's instances and subclasses.
+def kin(ours: KinChecks, theirs: type) -> None:
+    """Names ``theirs`` (torch's class) as the kin of ``ours`` (a ferrodist class whose metaclass
+    is ``KinChecks``): ``ours`` counts torch's instances from now on, and torch's class counts
+    ferrodist's once ``pair_torch_classes`` has run."""
+    _KIN[ours], _KIN[theirs] = theirs, ours
 
-    Run once at import; running it again changes nothing.
+
+def pair_torch_classes() -> bool:
+    """Gives torch's kin classes the ``KinChecks`` metaclass, once; run when the first ferrodist
+    store is made (before that no ferrodist instance exists for torch's checks to count), so that
+    importing ferrodist changes nothing of torch's.
 
     Returns:
-        Whether the classes are paired: False, and nothing changed, where a class's metaclass
-        is not pybind11's (a torch whose store classes are built another way). Importing
-        ferrodist must not fail over it; ``tests/python/test_default_group_store.py`` does.
+        Whether torch's classes are paired: False, and nothing changed, where one's metaclass is
+        not pybind11's (a torch whose store classes are built another way). Making a store must
+        not fail over it; ``tests/python/test_default_group_store.py`` checks the pairing.
     """
-    classes = [cls for pair in pairs for cls in pair]
-    if any(type(cls) not in (_PybindType, _KinChecks) for cls in classes):
-        return False
-    for ours, theirs in pairs:
-        _KIN[ours], _KIN[theirs] = theirs, ours
-    for cls in classes:
-        cls.__class__ = _KinChecks
-    return True
-
-
-def pair_with_torch() -> bool:
-    """Pair ferrodist's ``TCPStore``, ``PrefixStore``, ``FileStore`` and ``HashStore`` with
-    torch's (see ``pair_store_classes``)."""
-    from ferrodist.file_store import FileStore
-    from ferrodist.prefix_store import PrefixStore
-    from ferrodist.store import HashStore
-    from ferrodist.tcp_store import TCPStore
-
-    return pair_store_classes(
-        (
-            (TCPStore, _tdist.TCPStore),
-            (PrefixStore, _tdist.PrefixStore),
-            (FileStore, _tdist.FileStore),
-            (HashStore, _tdist.HashStore),
-        )
-    )
+    global _torch_classes_paired
+    if _torch_classes_paired is None:
+        theirs = [cls for cls in _KIN if type(cls) is not KinChecks]
+        if all(type(cls) is _PybindType for cls in theirs):
+            for cls in theirs:
+                cls.__class__ = KinChecks
+            _torch_classes_paired = True
+        else:
+            _torch_classes_paired = False
+    return _torch_classes_paired

@@ -21,7 +21,7 @@ from typing import Optional, Union
 
 from ferrodist import _native
 from ferrodist._redact import redact_url
-from ferrodist.store import _NativeBackedStore
+from ferrodist.stores.base import _NativeBackedStore
 
 __all__ = ["EtcdStore"]
 

@@ -48,8 +48,8 @@ from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
 )
 
 from ferrodist import _native
-from ferrodist._etcd_url import PASSWORD_ENV
-from ferrodist.etcd_store import EtcdStore
+from ferrodist.rdzv.etcd_url import PASSWORD_ENV
+from ferrodist.stores.etcd import EtcdStore
 
 __all__ = ["BACKEND_NAME", "EtcdRendezvousBackend", "create_handler", "handler_factory", "register"]
 

@@ -35,7 +35,7 @@ from typing import Any, Optional
 import torch
 import torch.distributed as _tdist
 
-__all__ = ["keep_alive_while_shared"]
+__all__ = ["keep_alive_while_shared", "prepare"]
 
 # Offset of the C++ value pointer in a pybind11 instance: just after PyObject_HEAD.
 _VALUE_OFFSET = object.__basicsize__
@@ -49,6 +49,7 @@ _LAYOUT_TESTED = frozenset({(2, 4), (2, 11), (2, 13), (2, 15)})
 
 _pinned: set[Any] = set()
 _layout_checked: Optional[bool] = None
+_prepared = False
 
 
 def _torch_release() -> Optional[tuple[int, int]]:
@@ -122,7 +123,14 @@ def _sweep(phase: str, info: dict[str, int]) -> None:
             _pinned.discard(store)
 
 
-_layout_ok()  # a few microseconds; done now so no __del__ ever builds the probe
-gc.callbacks.append(_sweep)
-# At exit, let go as an ordinary Python reference would be let go, so files get cleaned up.
-atexit.register(_pinned.clear)
+def prepare() -> None:
+    """Run as each store is made (a flag test after the first): probes the layout once, so that
+    no ``__del__`` ever builds the probe, and starts the sweep. Nothing runs at import."""
+    global _prepared
+    if _prepared:
+        return
+    _prepared = True
+    _layout_ok()  # a few microseconds
+    gc.callbacks.append(_sweep)
+    # At exit, let go as an ordinary Python reference would be let go, so files get cleaned up.
+    atexit.register(_pinned.clear)

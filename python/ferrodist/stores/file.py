@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import operator
 
+import torch.distributed as _tdist
+
 from ferrodist import _native
-from ferrodist.store import _NativeBackedStore
+from ferrodist.stores._kinship import KinChecks, kin
+from ferrodist.stores.base import _NativeBackedStore
 
 __all__ = ["FileStore"]
 
 
-class FileStore(_NativeBackedStore):
+class FileStore(_NativeBackedStore, metaclass=KinChecks):
     """A store in a file, as ``torch.distributed.FileStore(file_name, world_size=-1)``.
 
     Args:
@@ -56,3 +59,6 @@ class FileStore(_NativeBackedStore):
         store = FileStore._from_native(self._native.clone())
         store._path = self._path
         return store
+
+
+kin(FileStore, _tdist.FileStore)

@@ -14,9 +14,9 @@ needs.
 Port sharing with torch: torch shares one multi-tenant store server per port between the process
 group and torch RPC, through a process-wide table ferrodist's servers are not in. So that RPC's
 ``tcp://`` or ``env://`` init in rank 0 can use the port ferrodist's rendezvous already serves,
-``share_ports_with_torch`` (run once, at import) wraps torch's two handlers: for a port a
-ferrodist server of this process serves, they hand out ferrodist's store; for any other port they
-are torch's handlers, untouched.
+``share_ports_with_torch`` (run once, when this process's first ferrodist server starts) wraps
+torch's two handlers: for a port a ferrodist server of this process serves, they hand out
+ferrodist's store; for any other port they are torch's handlers, untouched.
 """
 
 from __future__ import annotations
@@ -33,7 +33,10 @@ import torch.distributed as _tdist
 
 from ferrodist import _native
 from ferrodist._redact import redact_url
-from ferrodist._rendezvous import use_libuv_from
+from ferrodist.rdzv.etcd_url import etcd_store_from_url
+from ferrodist.rdzv.join import use_libuv_from
+from ferrodist.stores.file import FileStore
+from ferrodist.stores.tcp import TCPStore
 
 __all__ = ["register_etcd_with_torch", "rendezvous", "share_ports_with_torch"]
 
@@ -87,7 +90,6 @@ def _uses_agent_store() -> bool:
 def _tcp_store(
     host: str, port: int, rank: int, world_size: int, timeout: timedelta, use_libuv: bool
 ) -> _tdist.Store:
-    from ferrodist.tcp_store import TCPStore
 
     if not 0 <= port < 2**16:
         raise ValueError(f"port must have value from 0 to 65535 but was {port}.")
@@ -145,7 +147,6 @@ def _env_handler(url: str, timeout: timedelta = _tdist.default_pg_timeout, **_: 
 
 
 def _file_handler(url: str, **_: Any) -> _Yield:
-    from ferrodist.file_store import FileStore
 
     parsed = urlparse(url)
     path = parsed.path or parsed.netloc
@@ -157,7 +158,6 @@ def _file_handler(url: str, **_: Any) -> _Yield:
 
 
 def _etcd_handler(url: str, timeout: timedelta = _tdist.default_pg_timeout, **_: Any) -> _Yield:
-    from ferrodist._etcd_url import etcd_store_from_url
 
     rank, world_size = _rank_and_world_size("etcd", _query(url))
     yield etcd_store_from_url(url, timeout), rank, world_size
@@ -225,17 +225,21 @@ def _sharing(scheme: str, torch_handler: Callable[..., _Yield]) -> Callable[...,
 
 
 def register_etcd_with_torch() -> None:
-    """Registers ``etcd://`` in torch's rendezvous dispatcher (once), so that torch's own
-    ``init_process_group(init_method="etcd://...")`` and ``torch.distributed.rendezvous`` take
-    it too. A handler someone else registered for the scheme is left in place."""
-    registry = _torch_rendezvous_module()._rendezvous_handlers
-    if "etcd" not in registry:
-        registry["etcd"] = _etcd_handler
+    """Registers ``etcd://`` in torch's rendezvous dispatcher (once), through torch's public
+    ``register_rendezvous_handler``, so that torch's own ``init_process_group(init_method=
+    "etcd://...")`` and ``torch.distributed.rendezvous`` take it too. A handler someone else
+    registered for the scheme is left in place."""
+    torch_rendezvous = _torch_rendezvous_module()
+    if "etcd" not in torch_rendezvous._rendezvous_handlers:
+        torch_rendezvous.register_rendezvous_handler("etcd", _etcd_handler)
 
 
 def share_ports_with_torch() -> None:
     """Wraps torch's ``tcp://`` and ``env://`` rendezvous handlers (once) so that on a port a
-    ferrodist server of this process serves, torch's rendezvous (torch RPC's init) shares it."""
+    ferrodist server of this process serves, torch's rendezvous (torch RPC's init) shares it.
+
+    Run by ``ferrodist.stores.tcp.when_serving`` as this process's first server starts: until
+    then no port is ferrodist's, and torch's handlers stay as they are."""
     registry = _torch_rendezvous_module()._rendezvous_handlers
     for scheme in ("tcp", "env"):
         torch_handler = registry.get(scheme)

@@ -15,7 +15,8 @@ from typing import TypeVar, Union
 import torch.distributed as _tdist
 
 from ferrodist import _native
-from ferrodist._lifetime import keep_alive_while_shared
+from ferrodist.stores import _lifetime
+from ferrodist.stores._kinship import KinChecks, kin, pair_torch_classes
 
 __all__ = ["HashStore", "Store"]
 
@@ -34,12 +35,17 @@ class _NativeBackedStore(_tdist.Store):
 
     def __init__(self, native: _native.NativeStore) -> None:
         super().__init__()
+        # What a first store needs of torch, done here rather than at import (importing ferrodist
+        # changes nothing of torch's): torch's store classes count ferrodist's instances, and the
+        # check _lifetime makes from __del__ is ready. Each is a flag test after the first store.
+        pair_torch_classes()
+        _lifetime.prepare()
         self._native = native
         super().set_timeout(native.timeout)
 
     def __del__(self) -> None:
         # torch may still hold this store from C++ (torch issue #120843): see _lifetime.py.
-        keep_alive_while_shared(self)
+        _lifetime.keep_alive_while_shared(self)
 
     def set(self, key: _Key, value: _Value) -> None:
         self._native.set(key, value)
@@ -110,7 +116,7 @@ class _NativeBackedStore(_tdist.Store):
         return store
 
 
-class HashStore(_NativeBackedStore):
+class HashStore(_NativeBackedStore, metaclass=KinChecks):
     """An in-process store, as ``torch.distributed.HashStore``.
 
     Example::
@@ -127,3 +133,6 @@ class HashStore(_NativeBackedStore):
     def clone(self) -> HashStore:
         """The store itself, as torch's ``HashStore.clone()`` returns the same object."""
         return self
+
+
+kin(HashStore, _tdist.HashStore)

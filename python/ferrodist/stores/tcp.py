@@ -39,12 +39,19 @@ from __future__ import annotations
 
 import os
 from datetime import timedelta
-from typing import Optional
+from typing import Callable, Optional
+
+import torch.distributed as _tdist
 
 from ferrodist import _native
-from ferrodist.store import _NativeBackedStore
+from ferrodist.stores._kinship import KinChecks, kin
+from ferrodist.stores.base import _NativeBackedStore
 
-__all__ = ["TCPStore"]
+__all__ = ["TCPStore", "when_serving"]
+
+_serving_actions: list[Callable[[], None]] = []
+"""Run once, when this process first hosts a store server (see ``when_serving``)."""
+_serving = False
 
 _MAX_PORT = 65535
 _METRICS_ADDR_ENV = "FERRODIST_STORE_METRICS_ADDR"
@@ -77,7 +84,26 @@ def _check_bool(name: str, value: object) -> bool:
     return value
 
 
-class TCPStore(_NativeBackedStore):
+def when_serving(action: Callable[[], None]) -> None:
+    """Runs ``action`` once, when a ``TCPStore`` of this process first hosts a server (at once if
+    one already has): what a higher layer must arrange only once a server exists here, such as
+    ``ferrodist.rdzv.api.share_ports_with_torch``, without this layer importing it."""
+    if _serving:
+        action()
+    else:
+        _serving_actions.append(action)
+
+
+def _now_serving() -> None:
+    global _serving
+    if not _serving:
+        _serving = True
+        for action in _serving_actions:
+            action()
+        _serving_actions.clear()
+
+
+class TCPStore(_NativeBackedStore, metaclass=KinChecks):
     """A TCP key-value store shared by every rank, as ``torch.distributed.TCPStore``.
 
     The master (``is_master=True``) hosts the server inside its own process, on ferrodist's
@@ -174,6 +200,8 @@ class TCPStore(_NativeBackedStore):
             or (os.environ.get(_METRICS_ADDR_ENV) or None if is_master else None),
         )
         self._adopt(handle)
+        if is_master:
+            _now_serving()
 
     def _adopt(self, handle: _native.TCPStoreHandle) -> None:
         super().__init__(handle.store())
@@ -235,3 +263,6 @@ class TCPStore(_NativeBackedStore):
             return own
         # torch's shape first (its tests match it with a regular expression), ours after it.
         return f"{self._handle.torch_repr()} {own}"
+
+
+kin(TCPStore, _tdist.TCPStore)

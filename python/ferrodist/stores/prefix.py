@@ -10,12 +10,13 @@ from __future__ import annotations
 import torch.distributed as _tdist
 
 from ferrodist import _native
-from ferrodist.store import _NativeBackedStore
+from ferrodist.stores._kinship import KinChecks, kin
+from ferrodist.stores.base import _NativeBackedStore
 
 __all__ = ["PrefixStore"]
 
 
-class PrefixStore(_NativeBackedStore):
+class PrefixStore(_NativeBackedStore, metaclass=KinChecks):
     """Every key ``k`` becomes ``prefix + "/" + k`` in ``store``.
 
     Args:
@@ -57,3 +58,6 @@ class PrefixStore(_NativeBackedStore):
         """The same prefix over a clone of the underlying store."""
         underlying: _tdist.Store = self._underlying.clone()  # type: ignore[attr-defined]
         return PrefixStore(self._prefix, underlying)
+
+
+kin(PrefixStore, _tdist.PrefixStore)

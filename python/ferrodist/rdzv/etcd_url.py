@@ -26,6 +26,7 @@ from urllib.parse import unquote, urlsplit
 
 from ferrodist import _native
 from ferrodist._redact import redact_url
+from ferrodist.stores.etcd import EtcdStore
 
 __all__ = ["PASSWORD_ENV", "etcd_store_from_url", "parse_etcd_url"]
 
@@ -85,7 +86,5 @@ def parse_etcd_url(url: str) -> tuple[list[str], str, dict[str, Any]]:
 
 def etcd_store_from_url(url: str, timeout: timedelta) -> Any:
     """The ``EtcdStore`` an ``etcd://`` URL names."""
-    from ferrodist.etcd_store import EtcdStore
-
     endpoints, job, kwargs = parse_etcd_url(url)
     return EtcdStore(endpoints, job, timeout, **kwargs)
