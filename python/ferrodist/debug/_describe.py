@@ -30,6 +30,9 @@ _INTERNAL_PREFIXES = (_FERRODIST_DIR, _TORCH_DIR)
 _user_file: dict[Any, Optional[str]] = {}
 """Per code object: its file's base name, or None for ferrodist's and torch's own code."""
 
+_outermost_file: dict[Any, str] = {}
+"""Per code object of an outermost internal frame: its file, relative to the package's parent."""
+
 
 def call_site() -> str:
     """``file.py:line`` of the first frame outside ferrodist and torch (the user's call), or of
@@ -50,7 +53,13 @@ def call_site() -> str:
             return f"{name}:{frame.f_lineno}"
         last = frame
         frame = frame.f_back  # type: ignore[assignment]
-    where = os.path.relpath(last.f_code.co_filename, os.path.dirname(_FERRODIST_DIR))
+    code = last.f_code
+    where = _outermost_file.get(code)
+    if where is None:  # relpath costs microseconds; FSDP's hooks land here on every op
+        if len(_outermost_file) > 10_000:
+            _outermost_file.clear()
+        where = os.path.relpath(code.co_filename, os.path.dirname(_FERRODIST_DIR))
+        _outermost_file[code] = where
     return f"{where}:{last.f_lineno}"
 
 

@@ -61,14 +61,23 @@ def hold(ident: int, work: Any) -> None:
     _in_flight[ident] = work
 
 
+_observable: set[int] = set()
+"""Ids of in-flight works already found to have a future: the head of the queue is checked on
+every recorded op while it runs, and asking (a pybind call, an exception when there is none)
+once per work is enough."""
+
+
 def _set_aside(ident: int, work: Any) -> bool:
     """Move an unfinished work without a future to ``_unobservable``; True if moved."""
+    if ident in _observable:
+        return False
     try:
         work.get_future()
     except RuntimeError:  # "Work::getFuture not implemented"
         if _in_flight.pop(ident, None) is not None:
             _unobservable[ident] = work
         return True
+    _observable.add(ident)
     return False
 
 
@@ -85,6 +94,7 @@ def waited(rec: Any, work: Any) -> None:
         for ident, held in list(held_by.items()):
             if held is work:
                 held_by.pop(ident, None)
+                _observable.discard(ident)
                 rec.completed(ident)
                 completed(ident)
                 return
@@ -139,6 +149,7 @@ def _finished(work: Any) -> bool:
 def _mark(rec: Any, ident: int, work: Any) -> None:
     if _in_flight.pop(ident, None) is None:
         return  # another thread marked it
+    _observable.discard(ident)
     error = _work_error(work)
     if error is None:
         rec.completed(ident)
@@ -167,6 +178,7 @@ def forget(rec: Any) -> None:
         sweep(rec)
     _in_flight.clear()
     _unobservable.clear()
+    _observable.clear()
 
 
 def abandon_after_fork() -> None:
@@ -175,6 +187,7 @@ def abandon_after_fork() -> None:
     does not have; the child keeps them, unreachable, for its lifetime."""
     global _latest_completed
     _latest_completed = 0
+    _observable.clear()
     for held in (_in_flight, _unobservable):
         if held:
             ctypes.pythonapi.Py_IncRef(ctypes.py_object(dict(held)))
