@@ -77,6 +77,10 @@ pub enum Error {
     /// A store-level failure that is none of the above (torch's generic `DistStoreError`).
     #[error("{0}")]
     Store(String),
+    /// A plan the core was asked for cannot be made from its input: a check that torch makes
+    /// with an assertion (Python sees `AssertionError`, as torch's callers catch it).
+    #[error("{0}")]
+    Unplannable(Unplannable),
     /// The caller interrupted the operation (Ctrl-C in Python, or a `KeyboardInterrupt` raised
     /// inside a user's Python store); Python sees the original exception again.
     #[error("interrupted")]
@@ -100,6 +104,25 @@ pub enum Error {
         after: Duration,
         /// The store keys that were still absent.
         keys: Vec<String>,
+    },
+}
+
+/// Why a plan cannot be made (see [`Error::Unplannable`]): the case and its data, so a caller
+/// branches on the variant, never on the text.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Unplannable {
+    /// A DDP bucket with no parameters was handed to ZeRO's bucket assignment.
+    #[error("Empty bucket (index {index})")]
+    EmptyBucket {
+        /// The bucket's position in the list given.
+        index: usize,
+    },
+    /// A bucket has more slices than there are ranks to hold them (every rank already holds one
+    /// of its slices), so no rank may take the next.
+    #[error("All indices are disallowed")]
+    NoRankAllowed {
+        /// The bucket being cut.
+        bucket: usize,
     },
 }
 

@@ -12,7 +12,7 @@
 //! [`assign_ddp_buckets`] is the overlap-mode counterpart: it hands DDP's gradient buckets (or
 //! slices of them) to ranks, so each rank steps the parameters whose gradients it owns.
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, Unplannable};
 
 /// Partitions every group's parameters across `world_size` ranks.
 ///
@@ -88,9 +88,9 @@ pub fn assign_ddp_buckets(
         ));
     }
     if let Some(bucket) = bucket_sizes.iter().position(Vec::is_empty) {
-        return Err(Error::InvalidArgument(format!(
-            "Empty bucket (index {bucket})"
-        )));
+        return Err(Error::Unplannable(Unplannable::EmptyBucket {
+            index: bucket,
+        }));
     }
     if !shard_buckets {
         return Ok(bucket_sizes
@@ -119,7 +119,7 @@ pub fn assign_ddp_buckets(
         let mut running = 0u64;
         let mut assign = |offset: usize, end: usize, size: u64, taken: &mut Vec<bool>| {
             let rank = least_loaded_allowed(&load, taken)
-                .ok_or_else(|| Error::InvalidArgument("All indices are disallowed".to_string()))?;
+                .ok_or(Error::Unplannable(Unplannable::NoRankAllowed { bucket }))?;
             taken[rank] = true;
             load[rank] += size;
             slices.push(BucketSlice {
@@ -195,8 +195,28 @@ mod tests {
     }
 
     #[test]
-    fn empty_bucket_is_rejected() {
-        assert!(assign_ddp_buckets(&[vec![]], 2, true).is_err());
+    fn empty_bucket_is_rejected_naming_it() {
+        let err = assign_ddp_buckets(&[vec![1], vec![]], 2, true).unwrap_err();
+        assert!(matches!(
+            err,
+            Error::Unplannable(Unplannable::EmptyBucket { index: 1 })
+        ));
+        assert_eq!(err.to_string(), "Empty bucket (index 1)", "torch's text");
+    }
+
+    #[test]
+    fn a_bucket_with_more_slices_than_ranks_names_the_bucket() {
+        // Three equal parameters, two ranks: each slice stays below total / 2, so three slices.
+        let err = assign_ddp_buckets(&[vec![60, 60, 60]], 2, true).unwrap_err();
+        assert!(matches!(
+            err,
+            Error::Unplannable(Unplannable::NoRankAllowed { bucket: 0 })
+        ));
+        assert_eq!(
+            err.to_string(),
+            "All indices are disallowed",
+            "torch's text"
+        );
     }
 
     #[test]

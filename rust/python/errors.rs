@@ -12,7 +12,7 @@
 
 use std::cell::RefCell;
 
-use pyo3::exceptions::{PyKeyboardInterrupt, PyNotImplementedError, PyOSError};
+use pyo3::exceptions::{PyAssertionError, PyKeyboardInterrupt, PyNotImplementedError, PyOSError};
 use pyo3::prelude::*;
 
 use crate::error::Error;
@@ -52,6 +52,7 @@ pub fn to_py(err: Error) -> PyErr {
         Error::InvalidArgument(_) => InvalidArgumentError::new_err(message),
         Error::QueueEmpty => QueueEmptyError::new_err(message),
         Error::NotImplemented(_) => PyNotImplementedError::new_err(message),
+        Error::Unplannable(_) => PyAssertionError::new_err(message),
         Error::Protocol(_) | Error::Corrupt { .. } | Error::Store(_) => {
             DistStoreError::new_err(message)
         }

@@ -32,6 +32,10 @@ pub fn sorted_greedy_partition(
 /// Returns:
 ///     list[tuple[int, int, int, int]]: `(bucket, rank, offset, length)` per slice, in
 ///     assignment order.
+///
+/// Raises:
+///     AssertionError: an empty bucket, or a bucket that cannot be cut among the ranks (torch's
+///         class for both).
 #[pyfunction]
 pub fn assign_ddp_buckets(
     bucket_sizes: Vec<Vec<u64>>,

@@ -97,13 +97,8 @@ def assign_buckets(
         rank: this process's rank in that group (decides ``info.offsets``).
     """
     sizes = [[p.numel() for p in params] for params in info.params_per_bucket]
-    try:
-        slices = _native.assign_ddp_buckets(sizes, world_size, info.shard_buckets)
-    except ValueError as err:
-        # torch raises these two as AssertionError; keep the class its callers catch.
-        if "All indices are disallowed" in str(err) or "Empty bucket" in str(err):
-            raise AssertionError(str(err)) from err
-        raise
+    # An empty bucket, or more slices of one than ranks, raises AssertionError as torch's does.
+    slices = _native.assign_ddp_buckets(sizes, world_size, info.shard_buckets)
     per_rank: list[dict[int, _DDPBucketAssignment]] = [{} for _ in range(world_size)]
     info.assigned_ranks_per_bucket = [set() for _ in info.params_per_bucket]
     info.params_per_rank = [[] for _ in range(world_size)]
