@@ -13,7 +13,6 @@ use super::blocking::detached;
 use super::errors::to_py;
 use super::store::{PyNativeStore, Timeout};
 use crate::store::Store;
-use crate::tcp::auth::AuthToken;
 use crate::tcp::{TcpStore, TcpStoreOptions};
 
 /// A connected TCP store (and its server when it is the master).
@@ -103,6 +102,7 @@ impl PyTcpStoreHandle {
 ///     allow_unauthenticated_torch_clients (bool): a master's server with a token still serves
 ///         stock torch clients.
 ///     metrics_addr (str | None): ``host:port`` where a master's server serves ``/metrics``.
+///         ``None`` takes ``FERRODIST_STORE_METRICS_ADDR`` on a master, when set.
 #[pyfunction]
 #[allow(clippy::too_many_arguments)]
 #[pyo3(signature = (host_name, port, world_size, is_master, timeout, wait_for_workers, multi_tenant, master_listen_fd, use_libuv, auth_token=None, allow_unauthenticated_torch_clients=false, metrics_addr=None))]
@@ -121,7 +121,6 @@ fn tcp_store(
     allow_unauthenticated_torch_clients: bool,
     metrics_addr: Option<String>,
 ) -> PyResult<PyTcpStoreHandle> {
-    let auth_token = AuthToken::given_or_env(auth_token.as_deref(), "auth_token").map_err(to_py)?;
     let options = TcpStoreOptions {
         host: host_name,
         port,
@@ -132,11 +131,11 @@ fn tcp_store(
         multi_tenant,
         master_listen_fd,
         use_libuv,
-        auth_token,
         allow_unauthenticated_torch_clients,
-        metrics_addr,
         ..TcpStoreOptions::default()
-    };
+    }
+    .with_caller_settings(auth_token.as_deref(), metrics_addr)
+    .map_err(to_py)?;
     let inner = detached(py, || TcpStore::new(options))?;
     Ok(PyTcpStoreHandle {
         inner: Arc::new(inner),

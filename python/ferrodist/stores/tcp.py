@@ -37,7 +37,6 @@ by default, since after idle periods (how most jobs call their store) it made ca
 
 from __future__ import annotations
 
-import os
 from datetime import timedelta
 from typing import Callable, Optional
 
@@ -54,7 +53,6 @@ _serving_actions: list[Callable[[], None]] = []
 _serving = False
 
 _MAX_PORT = 65535
-_METRICS_ADDR_ENV = "FERRODIST_STORE_METRICS_ADDR"
 
 
 def _torch_describes_tcp_stores() -> bool:
@@ -196,8 +194,7 @@ class TCPStore(_NativeBackedStore, metaclass=KinChecks):
             allow_unauthenticated_torch_clients=_check_bool(
                 "allow_unauthenticated_torch_clients", allow_unauthenticated_torch_clients
             ),
-            metrics_addr=_check_optional_str("metrics_addr", metrics_addr)
-            or (os.environ.get(_METRICS_ADDR_ENV) or None if is_master else None),
+            metrics_addr=_check_optional_str("metrics_addr", metrics_addr),
         )
         self._adopt(handle)
         if is_master:

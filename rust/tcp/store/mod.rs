@@ -102,6 +102,40 @@ impl Default for TcpStoreOptions {
     }
 }
 
+/// Environment variable: where a master's server serves `GET /metrics` when its caller names
+/// no address (`TCPStore(metrics_addr=None)`).
+pub const METRICS_ADDR_ENV: &str = "FERRODIST_STORE_METRICS_ADDR";
+
+impl TcpStoreOptions {
+    /// Fills in what the caller left to the environment, by one rule for every caller (the
+    /// bindings pass their arguments through): the token is `auth_token`, else
+    /// [`AuthToken::from_env`]; a master's metrics address is `metrics_addr`, else
+    /// [`METRICS_ADDR_ENV`] when set. A client serves no metrics, so the variable is not its.
+    pub fn with_caller_settings(
+        mut self,
+        auth_token: Option<&str>,
+        metrics_addr: Option<String>,
+    ) -> Result<Self> {
+        self.auth_token = AuthToken::given_or_env(auth_token, "auth_token")?;
+        self.metrics_addr = match metrics_addr {
+            Some(addr) => Some(addr),
+            None if self.is_master => metrics_addr_from_env()?,
+            None => None,
+        };
+        Ok(self)
+    }
+}
+
+fn metrics_addr_from_env() -> Result<Option<String>> {
+    match std::env::var(METRICS_ADDR_ENV) {
+        Ok(addr) if !addr.trim().is_empty() => Ok(Some(addr)),
+        Ok(_) | Err(std::env::VarError::NotPresent) => Ok(None),
+        Err(std::env::VarError::NotUnicode(_)) => Err(Error::InvalidArgument(format!(
+            "{METRICS_ADDR_ENV} is not UTF-8 text"
+        ))),
+    }
+}
+
 /// True when a server of this process that multi-tenant masters share listens on `port`.
 pub fn serves_port(port: u16) -> bool {
     Tenants::lock().live(port).is_some()
