@@ -34,7 +34,7 @@ use std::time::Duration;
 
 use crate::error::{Error, Result};
 pub use crate::store::Interrupt;
-use crate::store::{Deadline, Store};
+use crate::store::{blocking, Deadline, Store};
 
 /// Value of a barrier member's marker key, as torch writes it.
 const JOINED: &[u8] = b"joined";
@@ -154,7 +154,7 @@ impl StoreCollectives {
         interrupt: Interrupt<'_>,
     ) -> Result<Vec<u8>> {
         self.claim(&[key])?;
-        self.store.get_interruptibly(key, timeout, interrupt)
+        blocking::get(&*self.store, key, timeout, interrupt)
     }
 
     /// Non-root: contributes `data` to the gather `key`, failing if the store has not taken it
@@ -213,7 +213,7 @@ impl StoreCollectives {
     ) -> Result<Vec<u8>> {
         self.claim(&[key])?;
         let own = Self::member_key(key, self.rank);
-        self.store.get_interruptibly(&own, timeout, interrupt)
+        blocking::get(&*self.store, &own, timeout, interrupt)
     }
 
     /// Every rank's `data`, in rank order.
@@ -262,7 +262,7 @@ impl StoreCollectives {
         write: impl FnOnce(&dyn Store) -> Result<()> + Send + 'static,
     ) -> Result<()> {
         let own = self.store.timeout();
-        let bounded = self.store.bounds_writes() && !own.is_zero() && own <= timeout;
+        let bounded = self.store.capabilities().bounded_writes && !own.is_zero() && own <= timeout;
         if timeout.is_zero() || bounded {
             return write(&*self.store);
         }
@@ -309,9 +309,7 @@ impl StoreCollectives {
         deadline: Deadline,
         interrupt: Interrupt<'_>,
     ) -> Result<()> {
-        let waited = self
-            .store
-            .wait_interruptibly(keys, time_left(&deadline), interrupt);
+        let waited = blocking::wait(&*self.store, keys, time_left(&deadline), interrupt);
         match waited {
             Err(err) if err.is_timeout() => {
                 if self.store.check(keys)? {

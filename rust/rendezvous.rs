@@ -4,7 +4,7 @@
 //! Keys, under the caller's prefix (which ferrodist's Python layer makes unique per torchelastic
 //! restart):
 //!
-//! * the roll (see [`Store::enroll`]): each arriving rank enrolls itself and learns how many
+//! * the roll ([`enroll`]): each arriving rank enrolls itself and learns how many
 //!   ranks have, so exactly the rank that completes it knows it is last, and one read lists
 //!   every rank that came. On ferrodist's TCP, hash and file stores that is an append to
 //!   `joined` and an add to `count`, each one atomic step on the server; on etcd a key per rank
@@ -21,7 +21,38 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
-use crate::store::{Deadline, Interrupt, Store};
+use crate::store::{blocking, Deadline, Interrupt, Store};
+
+/// How long [`enrolled`] waits for a roll's list (its caller has enrolled, so the list exists
+/// unless the store lost it).
+const ROLL_READ_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Adds `member` to the roll named `roll` and returns how many members it counts, this one
+/// included; of the callers that bring it to `n` members, at least one sees `n`.
+///
+/// The store's own rolls where it has them ([`Store::roll`]: EtcdStore), else an append of
+/// `"{member},"` to `{roll}joined` and an add of 1 to `{roll}count` (each atomic on ferrodist's
+/// stores, so two requests per member).
+pub fn enroll(store: &dyn Store, roll: &str, member: usize) -> Result<usize> {
+    if let Some(native) = store.roll() {
+        return native.enroll(roll, member);
+    }
+    store.append(&format!("{roll}joined"), format!("{member},").as_bytes())?;
+    let count = store.add(&format!("{roll}count"), 1)?;
+    Ok(usize::try_from(count).unwrap_or(0))
+}
+
+/// The members of roll `roll` so far, in any order (see [`enroll`]): one request.
+pub fn enrolled(store: &dyn Store, roll: &str) -> Result<Vec<usize>> {
+    if let Some(native) = store.roll() {
+        return native.enrolled(roll);
+    }
+    let listed = store.get_timeout(&format!("{roll}joined"), ROLL_READ_TIMEOUT)?;
+    Ok(String::from_utf8_lossy(&listed)
+        .split(',')
+        .filter_map(|m| m.trim().parse().ok())
+        .collect())
+}
 
 /// Who has joined a rendezvous that is still waiting.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -102,7 +133,7 @@ impl Join {
             timeout,
             store,
         };
-        let arrived = join.store.enroll(&join.roll, rank)?;
+        let arrived = enroll(&*join.store, &join.roll, rank)?;
         let complete = arrived >= world_size;
         if complete {
             join.store.set(&join.done_key, b"1")?;
@@ -124,7 +155,7 @@ impl Join {
             None => report_every,
         };
         let keys = [self.done_key.clone()];
-        match self.store.wait_interruptibly(&keys, slice, interrupted) {
+        match blocking::wait(&*self.store, &keys, slice, interrupted) {
             Ok(()) => return Ok(None),
             Err(err) if err.is_timeout() => {}
             Err(err) => return Err(err),
@@ -150,7 +181,7 @@ impl Join {
     /// Who has joined so far: one read of the roll.
     pub fn progress(&self) -> Result<Progress> {
         let mut present = vec![false; self.world_size];
-        for rank in self.store.enrolled(&self.roll)? {
+        for rank in enrolled(&*self.store, &self.roll)? {
             if rank < self.world_size {
                 present[rank] = true;
             }

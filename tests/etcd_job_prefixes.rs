@@ -12,7 +12,7 @@ use common::etcd::{fresh_job, shared_store, EtcdCluster};
 use ferrodist::error::Error;
 use ferrodist::runtime::runtime;
 use ferrodist::store::etcd::{EtcdOptions, EtcdStore, Layout};
-use ferrodist::store::Store;
+use ferrodist::store::{Roll, Store};
 
 /// Every etcd key of job `prefix` with its value and modification revision, read with etcd's
 /// own client (a write of any kind changes a revision).

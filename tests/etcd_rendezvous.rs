@@ -12,9 +12,9 @@ use std::time::{Duration, Instant};
 
 use common::etcd::EtcdCluster;
 use ferrodist::error::Error;
-use ferrodist::rendezvous::Join;
+use ferrodist::rendezvous::{enroll, Join};
 use ferrodist::store::etcd::{EtcdOptions, EtcdStore};
-use ferrodist::store::{PrefixStore, Store};
+use ferrodist::store::{blocking, PrefixStore, Roll, Store};
 
 static JOBS: AtomicUsize = AtomicUsize::new(0);
 
@@ -42,7 +42,7 @@ fn a_roll_counts_each_member_once_and_in_commit_order() {
         let handles: Vec<_> = (0..ranks)
             .map(|rank| {
                 let own = s.clone_store().unwrap();
-                scope.spawn(move || own.enroll("r/", rank).unwrap())
+                scope.spawn(move || enroll(&*own, "r/", rank).unwrap())
             })
             .collect();
         handles.into_iter().map(|h| h.join().unwrap()).collect()
@@ -114,18 +114,15 @@ fn an_interrupt_ends_a_wait_promptly_and_is_checked_every_poll() {
         Ok(())
     };
     let keys = ["never".to_owned()];
-    let err = s
-        .wait_interruptibly(&keys, Duration::from_secs(30), &mut interrupted)
-        .unwrap_err();
+    let err = blocking::wait(&s, &keys, Duration::from_secs(30), &mut interrupted).unwrap_err();
     let took = started.elapsed();
     assert!(matches!(err, Error::Interrupted), "{err:?}");
     assert!(took < Duration::from_millis(1500), "{took:?}");
     assert!((2..=8).contains(&checks), "{checks} checks in {took:?}");
-    let err = s
-        .get_interruptibly("never", Duration::from_secs(30), &mut || {
-            Err(Error::Interrupted)
-        })
-        .unwrap_err();
+    let err = blocking::get(&s, "never", Duration::from_secs(30), &mut || {
+        Err(Error::Interrupted)
+    })
+    .unwrap_err();
     assert!(matches!(err, Error::Interrupted), "{err:?}");
     // The store carries on, and an uninterrupted wait still sees a later write.
     let writer = s.clone_store().unwrap();
@@ -134,7 +131,6 @@ fn an_interrupt_ends_a_wait_promptly_and_is_checked_every_poll() {
         writer.set("late", b"1").unwrap();
     });
     let late = ["late".to_owned()];
-    s.wait_interruptibly(&late, Duration::from_secs(20), &mut || Ok(()))
-        .unwrap();
+    blocking::wait(&s, &late, Duration::from_secs(20), &mut || Ok(())).unwrap();
     t.join().unwrap();
 }

@@ -157,7 +157,7 @@ fn prefix_store_over_a_file_store() {
     let prefixed = PrefixStore::new("p", base.clone());
     prefixed.set("k", b"v").unwrap();
     assert_eq!(base.get("p/k").unwrap(), b"v");
-    assert!(!prefixed.has_extended_api());
+    assert!(!prefixed.capabilities().extended_api);
     prefixed.append("k", b"w").unwrap();
     assert_eq!(prefixed.get("k").unwrap(), b"vw");
 }

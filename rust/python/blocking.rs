@@ -17,7 +17,7 @@ pub fn detached<T: Send>(py: Python<'_>, op: impl FnOnce() -> Result<T> + Send) 
 }
 
 /// Runs `op`, a store call that waits for no key: with the GIL held on a store in memory
-/// (see [`crate::store::Store::in_memory`]), else released as [`detached`].
+/// (see [`crate::store::Capabilities::in_memory`]), else released as [`detached`].
 pub fn quick<T: Send>(
     py: Python<'_>,
     in_memory: bool,
@@ -31,7 +31,7 @@ pub fn quick<T: Send>(
 }
 
 /// Runs `op` with the GIL released, handing it a hook that re-takes the GIL briefly to check
-/// for Ctrl-C; `op` calls it while it waits (see [`crate::store::Store::wait_interruptibly`]).
+/// for Ctrl-C; `op` calls it while it waits (see [`crate::store::blocking`]).
 pub fn detached_interruptible<T: Send>(
     py: Python<'_>,
     op: impl FnOnce(&mut dyn FnMut() -> Result<()>) -> Result<T> + Send,

@@ -2,7 +2,7 @@
 //!
 //! The Python class `ferrodist.StoreCollectives` picks the handle (a ferrodist store's own, or
 //! a foreign-store adapter around a torch store) and forwards here. Every method releases the
-//! GIL; waits check for Ctrl-C every 100 ms (`Store::wait_interruptibly`).
+//! GIL; waits check for Ctrl-C every 100 ms (`crate::store::blocking`).
 
 use std::time::Duration;
 

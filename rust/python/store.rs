@@ -13,7 +13,7 @@ use pyo3::types::{PyBool, PyBytes, PyDelta, PyDeltaAccess, PyFloat, PyInt, PyStr
 use super::blocking::{detached, detached_interruptible, quick};
 use super::errors::to_py;
 use crate::error::Error;
-use crate::store::{HashStore, Interrupt, Store};
+use crate::store::{blocking, HashStore, Store};
 
 /// The UTF-8 text of a `str`. One that cannot be encoded (a lone surrogate) is a `TypeError`,
 /// the class torch's argument conversion raises, rather than a `UnicodeEncodeError`.
@@ -193,22 +193,6 @@ impl PyNativeStore {
     pub fn new(inner: Arc<dyn Store>) -> Self {
         PyNativeStore { inner }
     }
-
-    /// Runs a wait of up to `timeout` with the GIL released: in the store's interruptible form
-    /// where it has one worth using (Ctrl-C then ends it promptly), else as one `plain` call.
-    fn waiting<T: Send>(
-        &self,
-        py: Python<'_>,
-        timeout: Duration,
-        interruptible: impl FnOnce(Duration, Interrupt<'_>) -> crate::error::Result<T> + Send,
-        plain: impl FnOnce(Duration) -> crate::error::Result<T> + Send,
-    ) -> PyResult<T> {
-        if self.inner.interruptible_waits() {
-            detached_interruptible(py, |interrupted| interruptible(timeout, interrupted))
-        } else {
-            detached(py, move || plain(timeout))
-        }
-    }
 }
 
 #[pymethods]
@@ -216,7 +200,9 @@ impl PyNativeStore {
     /// Stores ``value`` (bytes or str) under ``key``.
     fn set(&self, py: Python<'_>, key: Key, value: Value) -> PyResult<()> {
         let value = value.into_vec();
-        quick(py, self.inner.in_memory(), || self.inner.set(&key, &value))
+        quick(py, self.inner.capabilities().in_memory, || {
+            self.inner.set(&key, &value)
+        })
     }
 
     /// Returns the value of ``key`` as bytes, waiting up to the store timeout for it.
@@ -225,17 +211,14 @@ impl PyNativeStore {
             return Ok(value);
         }
         let timeout = self.inner.timeout();
-        self.waiting(
-            py,
-            timeout,
-            |t, interrupted| self.inner.get_interruptibly(&key, t, interrupted),
-            |t| self.inner.get_timeout(&key, t),
-        )
+        detached_interruptible(py, |interrupted| {
+            blocking::get(&*self.inner, &key, timeout, interrupted)
+        })
     }
 
     /// Adds ``amount`` to the integer under ``key`` and returns the new value.
     fn add(&self, py: Python<'_>, key: Key, amount: Amount) -> PyResult<i64> {
-        quick(py, self.inner.in_memory(), || {
+        quick(py, self.inner.capabilities().in_memory, || {
             self.inner.add(&key, amount.0)
         })
     }
@@ -249,7 +232,7 @@ impl PyNativeStore {
         desired_value: Value,
     ) -> PyResult<Vec<u8>> {
         let (expected, desired) = (expected_value.into_vec(), desired_value.into_vec());
-        quick(py, self.inner.in_memory(), || {
+        quick(py, self.inner.capabilities().in_memory, || {
             self.inner.compare_set(&key, &expected, &desired)
         })
     }
@@ -257,7 +240,9 @@ impl PyNativeStore {
     /// True iff every key is present now.
     fn check(&self, py: Python<'_>, keys: Vec<Key>) -> PyResult<bool> {
         let keys = Key::strings(keys);
-        quick(py, self.inner.in_memory(), || self.inner.check(&keys))
+        quick(py, self.inner.capabilities().in_memory, || {
+            self.inner.check(&keys)
+        })
     }
 
     /// Waits until every key is present, up to ``timeout`` (default: the store timeout).
@@ -265,28 +250,29 @@ impl PyNativeStore {
     fn wait(&self, py: Python<'_>, keys: Vec<Key>, timeout: Option<Timeout>) -> PyResult<()> {
         let keys = Key::strings(keys);
         let timeout = timeout_or(&*self.inner, timeout)?;
-        self.waiting(
-            py,
-            timeout,
-            |t, interrupted| self.inner.wait_interruptibly(&keys, t, interrupted),
-            |t| self.inner.wait(&keys, Some(t)),
-        )
+        detached_interruptible(py, |interrupted| {
+            blocking::wait(&*self.inner, &keys, timeout, interrupted)
+        })
     }
 
     /// Removes ``key``; True iff it existed.
     fn delete_key(&self, py: Python<'_>, key: Key) -> PyResult<bool> {
-        quick(py, self.inner.in_memory(), || self.inner.delete_key(&key))
+        quick(py, self.inner.capabilities().in_memory, || {
+            self.inner.delete_key(&key)
+        })
     }
 
     /// Number of keys, internal ones included.
     fn num_keys(&self, py: Python<'_>) -> PyResult<i64> {
-        quick(py, self.inner.in_memory(), || self.inner.num_keys())
+        quick(py, self.inner.capabilities().in_memory, || {
+            self.inner.num_keys()
+        })
     }
 
     /// Appends ``value`` to ``key``.
     fn append(&self, py: Python<'_>, key: Key, value: Value) -> PyResult<()> {
         let value = value.into_vec();
-        quick(py, self.inner.in_memory(), || {
+        quick(py, self.inner.capabilities().in_memory, || {
             self.inner.append(&key, &value)
         })
     }
@@ -294,14 +280,9 @@ impl PyNativeStore {
     /// Values of every key, waiting for them up to the store timeout.
     fn multi_get(&self, py: Python<'_>, keys: Vec<Key>) -> PyResult<Vec<Vec<u8>>> {
         let keys = Key::strings(keys);
-        if self.inner.interruptible_waits() {
-            return detached_interruptible(py, |interrupted| {
-                self.inner.multi_get_interruptibly(&keys, interrupted)
-            });
-        }
-        // A store that cannot check for Ctrl-C waits inside its own multi_get, as torch's
-        // PrefixStore leaves it to.
-        detached(py, || self.inner.multi_get(&keys))
+        detached_interruptible(py, |interrupted| {
+            blocking::multi_get(&*self.inner, &keys, interrupted)
+        })
     }
 
     /// Sets each key to the matching value.
@@ -314,7 +295,7 @@ impl PyNativeStore {
     /// Pushes ``value`` onto the queue ``key``.
     fn queue_push(&self, py: Python<'_>, key: Key, value: Value) -> PyResult<()> {
         let value = value.into_vec();
-        quick(py, self.inner.in_memory(), || {
+        quick(py, self.inner.capabilities().in_memory, || {
             self.inner.queue_push(&key, &value)
         })
     }
@@ -323,22 +304,21 @@ impl PyNativeStore {
     #[pyo3(signature = (key, block=true))]
     fn queue_pop(&self, py: Python<'_>, key: Key, block: bool) -> PyResult<Vec<u8>> {
         if !block {
-            return quick(py, self.inner.in_memory(), || {
+            return quick(py, self.inner.capabilities().in_memory, || {
                 self.inner.queue_pop(&key, false)
             });
         }
         let timeout = self.inner.timeout();
-        self.waiting(
-            py,
-            timeout,
-            |t, interrupted| self.inner.queue_pop_interruptibly(&key, t, interrupted),
-            |t| self.inner.queue_pop_timeout(&key, t),
-        )
+        detached_interruptible(py, |interrupted| {
+            blocking::queue_pop(&*self.inner, &key, timeout, interrupted)
+        })
     }
 
     /// Length of queue ``key`` (0 if it does not exist).
     fn queue_len(&self, py: Python<'_>, key: Key) -> PyResult<i64> {
-        quick(py, self.inner.in_memory(), || self.inner.queue_len(&key))
+        quick(py, self.inner.capabilities().in_memory, || {
+            self.inner.queue_len(&key)
+        })
     }
 
     /// Every user-visible key.
@@ -379,7 +359,7 @@ impl PyNativeStore {
 
     /// True when append/multi_get/multi_set are native.
     fn has_extended_api(&self) -> bool {
-        self.inner.has_extended_api()
+        self.inner.capabilities().extended_api
     }
 }
 

@@ -12,10 +12,11 @@
 //!   `wait` of the key with that timeout, then the `get` of a key that is there. A store whose
 //!   `wait` fails for another reason than time (torch's base class raises for a subclass that
 //!   has none) gets its plain `get`, which its own timeout bounds.
-//! * **One call per wait.** The `*_interruptibly` forms make one call with all the time left,
-//!   not slices of [`super::INTERRUPT_POLL`]: torch's `TCPStore` client logs two warnings per
-//!   timed-out wait and `FileStore` rounds each up to a second. Ctrl-C is seen when the call
-//!   returns, as with torch's own collectives ([`Store::interruptible_waits`] is false).
+//! * **One call per wait.** Its [`Capabilities`] say its waits are not interruptible, so
+//!   [`super::blocking`] makes one call with all the time left, not slices of
+//!   [`super::INTERRUPT_POLL`]: torch's `TCPStore` client logs two warnings per timed-out wait
+//!   and `FileStore` rounds each up to a second. Ctrl-C is seen when the call returns, as with
+//!   torch's own collectives.
 //! * **Whether a failure is a timeout.** A failure whose class does not say
 //!   ([`Error::Store`]: torch's `DistStoreError`, a plain `RuntimeError`, a user's own class)
 //!   from a call that waits is a timeout if, and only if, the call's timeout had passed when it
@@ -27,7 +28,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::{Interrupt, Store, DEFAULT_TIMEOUT};
+use super::{Capabilities, Store, DEFAULT_TIMEOUT};
 use crate::error::{Error, Result};
 
 /// The foreign store's own calls, one each; errors mapped by class only (a timeout class to
@@ -191,8 +192,15 @@ impl Store for ForeignStore {
         Ok(Arc::new(ForeignStore::new(self.calls.clone_calls()?)))
     }
 
-    fn has_extended_api(&self) -> bool {
-        self.calls.has_extended_api().unwrap_or(false)
+    /// Waits are one call each (see the module doc) and torch's TCPStore client has no
+    /// deadline on a write.
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            extended_api: self.calls.has_extended_api().unwrap_or(false),
+            interruptible_waits: false,
+            in_memory: false,
+            bounded_writes: false,
+        }
     }
 
     fn append(&self, key: &str, value: &[u8]) -> Result<()> {
@@ -231,51 +239,6 @@ impl Store for ForeignStore {
         self.waiting("barrier", Some(timeout), |calls| {
             calls.barrier(key, world_size, timeout)
         })
-    }
-
-    fn wait_interruptibly(
-        &self,
-        keys: &[String],
-        timeout: Duration,
-        _interrupted: Interrupt<'_>,
-    ) -> Result<()> {
-        self.wait(keys, Some(timeout))
-    }
-
-    fn get_interruptibly(
-        &self,
-        key: &str,
-        timeout: Duration,
-        _interrupted: Interrupt<'_>,
-    ) -> Result<Vec<u8>> {
-        self.get_timeout(key, timeout)
-    }
-
-    fn multi_get_interruptibly(
-        &self,
-        keys: &[String],
-        _interrupted: Interrupt<'_>,
-    ) -> Result<Vec<Vec<u8>>> {
-        self.multi_get(keys)
-    }
-
-    fn queue_pop_interruptibly(
-        &self,
-        key: &str,
-        timeout: Duration,
-        _interrupted: Interrupt<'_>,
-    ) -> Result<Vec<u8>> {
-        self.queue_pop_timeout(key, timeout)
-    }
-
-    /// A foreign wait can only be cut into slices, each a call of its own (see the module doc).
-    fn interruptible_waits(&self) -> bool {
-        false
-    }
-
-    /// torch's TCPStore client has no deadline on a write.
-    fn bounds_writes(&self) -> bool {
-        false
     }
 }
 

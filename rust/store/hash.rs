@@ -19,7 +19,7 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use super::db::{Db, Policy, Waiter};
-use super::{Deadline, Store, DEFAULT_TIMEOUT};
+use super::{Capabilities, Deadline, Store, DEFAULT_TIMEOUT};
 use crate::error::{Error, Result};
 
 /// A thread-safe in-memory store; cheap to clone (clones share the map).
@@ -93,8 +93,12 @@ impl HashStore {
 }
 
 impl Store for HashStore {
-    fn in_memory(&self) -> bool {
-        true
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            extended_api: true,
+            in_memory: true,
+            ..Capabilities::BASIC
+        }
     }
 
     fn get_now(&self, key: &str) -> Option<Vec<u8>> {
@@ -157,10 +161,6 @@ impl Store for HashStore {
 
     fn clone_store(&self) -> Result<Arc<dyn Store>> {
         Ok(Arc::new(self.clone()))
-    }
-
-    fn has_extended_api(&self) -> bool {
-        true
     }
 
     fn append(&self, key: &str, value: &[u8]) -> Result<()> {
@@ -339,11 +339,15 @@ mod tests {
     #[test]
     fn a_hash_store_is_in_memory_under_a_prefix_too_and_a_file_store_is_not() {
         let hash: Arc<dyn Store> = Arc::new(HashStore::new());
-        assert!(hash.in_memory());
-        assert!(crate::store::prefix::PrefixStore::new("p", hash.clone()).in_memory());
+        assert!(hash.capabilities().in_memory);
+        assert!(
+            crate::store::prefix::PrefixStore::new("p", hash.clone())
+                .capabilities()
+                .in_memory
+        );
         let dir = tempfile::tempdir().unwrap();
         let file = crate::store::file::FileStore::new(dir.path().join("f"), 1).unwrap();
-        assert!(!file.in_memory());
+        assert!(!file.capabilities().in_memory);
         assert_eq!(file.get_now("k"), None);
         let prefixed = crate::store::prefix::PrefixStore::new("p", hash.clone());
         prefixed.set("k", b"v").unwrap();

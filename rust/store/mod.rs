@@ -5,13 +5,17 @@
 //!
 //! * **Every blocking call has a deadline.** `get`, `wait`, blocking `queue_pop` and `barrier`
 //!   use the store's timeout unless given one; a zero timeout means "no deadline", as in torch.
-//!   The `*_interruptibly` forms let a caller (Python) check for Ctrl-C every
-//!   [`INTERRUPT_POLL`] without losing the overall deadline or its error message: by default
-//!   [`sliced`] cuts the wait into short slices; EtcdStore checks beside one long watch.
+//!   [`blocking`] lets a caller (Python) check for Ctrl-C every [`INTERRUPT_POLL`] without
+//!   losing the overall deadline or its error message: by default [`sliced`] cuts the wait
+//!   into short slices; EtcdStore checks beside one long watch.
+//! * **What a store can do is one value** ([`Capabilities`]), read by the core where it
+//!   decides how to call the store.
 //! * **Defaults match torch's base class.** A store that lacks an operation gets torch's
 //!   fallback (append as a compare_set loop, multi_get one key at a time, barrier from add +
 //!   wait) or torch's `NotImplemented` error (queues, list_keys).
 
+pub mod blocking;
+mod capabilities;
 pub mod db;
 mod entries;
 pub mod hash;
@@ -21,6 +25,7 @@ pub mod file;
 mod file_lock;
 pub mod file_log;
 pub mod prefix;
+pub mod roll;
 // --- stores ferrodist did not build ---
 pub mod foreign;
 // --- etcd store ---
@@ -31,9 +36,12 @@ use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
 
+pub use blocking::{Blocking, Unblocked};
+pub use capabilities::Capabilities;
 pub use file::FileStore;
 pub use hash::HashStore;
 pub use prefix::PrefixStore;
+pub use roll::Roll;
 // --- etcd store ---
 pub use etcd::{EtcdOptions, EtcdStore};
 
@@ -45,10 +53,6 @@ pub const INTERRUPT_POLL: Duration = Duration::from_millis(100);
 
 /// Called between slices of a long wait; an `Err` (Ctrl-C in Python) ends the wait with it.
 pub type Interrupt<'a> = &'a mut dyn FnMut() -> Result<()>;
-
-/// How long [`Store::enrolled`]'s default waits for a roll's list (its caller has enrolled, so
-/// the list exists unless the store lost it).
-const ROLL_READ_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// A point in time after which a blocking call gives up; `None` waits forever
 /// (torch's `kNoTimeout`, a zero timeout).
@@ -135,9 +139,9 @@ pub trait Store: Send + Sync {
     /// A new handle to the same store (torch's `clone()`).
     fn clone_store(&self) -> Result<Arc<dyn Store>>;
 
-    /// True when append, multi_get and multi_set are native rather than fallbacks.
-    fn has_extended_api(&self) -> bool {
-        false
+    /// What this store can do beyond the common calls (see [`Capabilities`]).
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::BASIC
     }
 
     /// Appends `value` to `key` (creating it). Default: torch's compare_set retry loop.
@@ -220,69 +224,17 @@ pub trait Store: Send + Sync {
         ))
     }
 
-    /// `wait` for up to `timeout` (zero: forever), running `interrupted` at least every
-    /// [`INTERRUPT_POLL`]; an `Err` from it ends the wait with that error (Ctrl-C in Python).
-    /// Default: repeated waits of one slice each ([`sliced`]). A store whose wait is costly to
-    /// start again (EtcdStore sets up a watch) keeps one wait going and checks beside it.
-    fn wait_interruptibly(
+    /// One blocking call, checking `interrupted` at least every [`INTERRUPT_POLL`]; an `Err`
+    /// from it ends the call with that error (Ctrl-C in Python). Callers go through
+    /// [`blocking`], which calls this only where [`Capabilities::interruptible_waits`] holds.
+    /// Default: the plain call in slices ([`blocking::in_slices`]).
+    fn block_interruptibly(
         &self,
-        keys: &[String],
+        call: Blocking<'_>,
         timeout: Duration,
         interrupted: Interrupt<'_>,
-    ) -> Result<()> {
-        sliced(timeout, |slice| self.wait(keys, Some(slice)), interrupted)
-    }
-
-    /// `get_timeout`, checking `interrupted` as [`Store::wait_interruptibly`] does.
-    fn get_interruptibly(
-        &self,
-        key: &str,
-        timeout: Duration,
-        interrupted: Interrupt<'_>,
-    ) -> Result<Vec<u8>> {
-        sliced(timeout, |slice| self.get_timeout(key, slice), interrupted)
-    }
-
-    /// `multi_get`, checking `interrupted` while it waits for the keys, as
-    /// [`Store::wait_interruptibly`] does. Default: that wait (store timeout), then `multi_get`.
-    fn multi_get_interruptibly(
-        &self,
-        keys: &[String],
-        interrupted: Interrupt<'_>,
-    ) -> Result<Vec<Vec<u8>>> {
-        self.wait_interruptibly(keys, self.timeout(), interrupted)?;
-        self.multi_get(keys)
-    }
-
-    /// `queue_pop_timeout`, checking `interrupted` as [`Store::wait_interruptibly`] does.
-    fn queue_pop_interruptibly(
-        &self,
-        key: &str,
-        timeout: Duration,
-        interrupted: Interrupt<'_>,
-    ) -> Result<Vec<u8>> {
-        sliced(
-            timeout,
-            |slice| self.queue_pop_timeout(key, slice),
-            interrupted,
-        )
-    }
-
-    /// Whether Python's blocking calls go through the `*_interruptibly` methods, so Ctrl-C ends
-    /// them promptly. False where a check costs: a foreign Python store's waits can only be cut
-    /// into slices, each a call of its own (torch's TCPStore logs a warning per timed-out
-    /// slice, torch's FileStore rounds each slice up to a whole second).
-    fn interruptible_waits(&self) -> bool {
-        true
-    }
-
-    /// True for a store in this process's memory (HashStore, a PrefixStore over one): its calls
-    /// that wait for no key hold an in-process lock for a bounded time and never wait on another
-    /// process or the network, so the bindings make them without releasing the GIL (a release
-    /// and re-take costs about 80 ns, a quarter of such a call; native `add` ran at 3.04M ops/s
-    /// with it and 4.01M without). False by default: files, sockets and Python stores block.
-    fn in_memory(&self) -> bool {
-        false
+    ) -> Result<Unblocked> {
+        blocking::in_slices(self, call, timeout, interrupted)
     }
 
     /// The value of `key` if it is there now, looked up without waiting and without blocking
@@ -293,35 +245,10 @@ pub trait Store: Send + Sync {
         None
     }
 
-    /// Adds `member` to the roll named `roll` (a set that every rank of a rendezvous joins) and
-    /// returns how many members it counts, this one included. Of the callers that bring it to
-    /// `n` members, at least one sees `n`: the rendezvous's last rank knows it is last.
-    ///
-    /// Default: append `"{member},"` to `{roll}joined` and add 1 to `{roll}count` (both
-    /// atomic on ferrodist's stores, so two requests per member). EtcdStore writes a key per
-    /// member instead: there each `append` or `add` on a shared key is a compare-and-swap that
-    /// every other member's contends with.
-    fn enroll(&self, roll: &str, member: usize) -> Result<usize> {
-        self.append(&format!("{roll}joined"), format!("{member},").as_bytes())?;
-        let count = self.add(&format!("{roll}count"), 1)?;
-        Ok(usize::try_from(count).unwrap_or(0))
-    }
-
-    /// The members of roll `roll` so far, in any order (see [`Store::enroll`]): one request.
-    /// Default: one `get` of `{roll}joined`.
-    fn enrolled(&self, roll: &str) -> Result<Vec<usize>> {
-        let listed = self.get_timeout(&format!("{roll}joined"), ROLL_READ_TIMEOUT)?;
-        Ok(String::from_utf8_lossy(&listed)
-            .split(',')
-            .filter_map(|m| m.trim().parse().ok())
-            .collect())
-    }
-
-    /// Whether every write (set, multi_set, ...) fails rather than block past [`Store::timeout`].
-    /// True for ferrodist's stores; false for a foreign Python store, whose writes may block
-    /// for as long as it likes (torch's TCPStore client has no deadline on a write).
-    fn bounds_writes(&self) -> bool {
-        true
+    /// The store's own rolls where it has them (EtcdStore: a key per member); `None` lets the
+    /// rendezvous build its rolls from `append` and `add` ([`roll`]).
+    fn roll(&self) -> Option<&dyn Roll> {
+        None
     }
 
     /// Blocks until `world_size` callers have reached the barrier named `key`.

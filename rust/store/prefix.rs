@@ -12,7 +12,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{Interrupt, Store};
+use super::{Blocking, Capabilities, Interrupt, Roll, Store, Unblocked};
 use crate::error::{Error, Result};
 
 /// A view of `inner` where every key lives under `prefix/`.
@@ -122,71 +122,46 @@ impl Store for PrefixStore {
         )))
     }
 
-    fn has_extended_api(&self) -> bool {
-        self.inner.has_extended_api()
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
     }
 
-    fn wait_interruptibly(
+    fn block_interruptibly(
         &self,
-        keys: &[String],
+        call: Blocking<'_>,
         timeout: Duration,
         interrupted: Interrupt<'_>,
-    ) -> Result<()> {
+    ) -> Result<Unblocked> {
+        let (key, keys): (String, Vec<String>);
+        let prefixed = match call {
+            Blocking::Get(k) => {
+                key = self.key(k);
+                Blocking::Get(&key)
+            }
+            Blocking::QueuePop(k) => {
+                key = self.key(k);
+                Blocking::QueuePop(&key)
+            }
+            Blocking::Wait(ks) => {
+                keys = self.keys(ks);
+                Blocking::Wait(&keys)
+            }
+            Blocking::MultiGet(ks) => {
+                keys = self.keys(ks);
+                Blocking::MultiGet(&keys)
+            }
+        };
         self.inner
-            .wait_interruptibly(&self.keys(keys), timeout, interrupted)
+            .block_interruptibly(prefixed, timeout, interrupted)
             .map_err(|e| self.unprefixed(e))
-    }
-
-    fn get_interruptibly(
-        &self,
-        key: &str,
-        timeout: Duration,
-        interrupted: Interrupt<'_>,
-    ) -> Result<Vec<u8>> {
-        self.inner
-            .get_interruptibly(&self.key(key), timeout, interrupted)
-            .map_err(|e| self.unprefixed(e))
-    }
-
-    fn multi_get_interruptibly(
-        &self,
-        keys: &[String],
-        interrupted: Interrupt<'_>,
-    ) -> Result<Vec<Vec<u8>>> {
-        self.inner
-            .multi_get_interruptibly(&self.keys(keys), interrupted)
-            .map_err(|e| self.unprefixed(e))
-    }
-
-    fn queue_pop_interruptibly(
-        &self,
-        key: &str,
-        timeout: Duration,
-        interrupted: Interrupt<'_>,
-    ) -> Result<Vec<u8>> {
-        self.inner
-            .queue_pop_interruptibly(&self.key(key), timeout, interrupted)
-            .map_err(|e| self.unprefixed(e))
-    }
-
-    fn interruptible_waits(&self) -> bool {
-        self.inner.interruptible_waits()
-    }
-
-    fn in_memory(&self) -> bool {
-        self.inner.in_memory()
     }
 
     fn get_now(&self, key: &str) -> Option<Vec<u8>> {
         self.inner.get_now(&self.key(key))
     }
 
-    fn enroll(&self, roll: &str, member: usize) -> Result<usize> {
-        self.inner.enroll(&self.key(roll), member)
-    }
-
-    fn enrolled(&self, roll: &str) -> Result<Vec<usize>> {
-        self.inner.enrolled(&self.key(roll))
+    fn roll(&self) -> Option<&dyn Roll> {
+        self.inner.roll().map(|_| self as &dyn Roll)
     }
 
     fn append(&self, key: &str, value: &[u8]) -> Result<()> {
@@ -213,10 +188,6 @@ impl Store for PrefixStore {
             .map_err(|e| self.unprefixed(e))
     }
 
-    fn bounds_writes(&self) -> bool {
-        self.inner.bounds_writes()
-    }
-
     fn queue_pop_timeout(&self, key: &str, timeout: Duration) -> Result<Vec<u8>> {
         self.inner
             .queue_pop_timeout(&self.key(key), timeout)
@@ -236,6 +207,26 @@ impl Store for PrefixStore {
             .filter(|k| k.starts_with(&self.prefix))
             .map(|k| k.get(skip..).unwrap_or_default().to_owned())
             .collect())
+    }
+}
+
+/// The inner store's rolls, under this store's prefix (offered only where the inner store has
+/// rolls of its own: see [`Store::roll`]).
+impl Roll for PrefixStore {
+    fn enroll(&self, roll: &str, member: usize) -> Result<usize> {
+        self.inner_roll()?.enroll(&self.key(roll), member)
+    }
+
+    fn enrolled(&self, roll: &str) -> Result<Vec<usize>> {
+        self.inner_roll()?.enrolled(&self.key(roll))
+    }
+}
+
+impl PrefixStore {
+    fn inner_roll(&self) -> Result<&dyn Roll> {
+        self.inner
+            .roll()
+            .ok_or_else(|| Error::NotImplemented("the prefixed store has no rolls".into()))
     }
 }
 

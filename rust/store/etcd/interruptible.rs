@@ -62,7 +62,7 @@ impl EtcdStore {
                 }
                 left => left.unwrap_or(Duration::ZERO),
             };
-            self.wait_interruptibly(&keys, left, interrupted)
+            self.present(&keys, left, "wait", interrupted)
                 .map_err(|err| err.with_whole_timeout(timeout))?;
             match self.queue_pop(key, false) {
                 Err(Error::QueueEmpty) => continue,

@@ -54,7 +54,10 @@ pub use options::{EtcdOptions, TlsFiles};
 use self::retry::retrying;
 use self::rmw::{Change, Receipts};
 use self::watch::MAX_TXN_OPS;
-use super::{parse_counter, same_length, Deadline, Interrupt, Store, DEFAULT_TIMEOUT};
+use super::{
+    parse_counter, same_length, Blocking, Capabilities, Deadline, Interrupt, Roll, Store,
+    Unblocked, DEFAULT_TIMEOUT,
+};
 use crate::error::{Error, Result};
 use crate::runtime::runtime;
 
@@ -303,20 +306,10 @@ fn counter(key: &str, value: Option<&[u8]>) -> Result<i64> {
     }
 }
 
-impl Store for EtcdStore {
-    fn set(&self, key: &str, value: &[u8]) -> Result<()> {
-        let (key, value) = (self.layout.value(key), value.to_vec());
-        self.call("set", |mut kv| {
-            let (key, value) = (key.clone(), value.clone());
-            async move { kv.put(key, value, None).await.map(|_| Ok(())) }
-        })
-    }
-
-    fn get_timeout(&self, key: &str, timeout: Duration) -> Result<Vec<u8>> {
-        self.get_interruptibly(key, timeout, &mut not_interrupted)
-    }
-
-    fn get_interruptibly(
+impl EtcdStore {
+    /// `get`, watching for the key when it is not there yet and checking `interrupted`
+    /// beside the watch.
+    fn get_watching(
         &self,
         key: &str,
         timeout: Duration,
@@ -338,6 +331,41 @@ impl Store for EtcdStore {
             self.present(&keys, left, "get", interrupted)
                 .map_err(|err| err.with_whole_timeout(timeout))?;
         }
+    }
+
+    /// One snapshot when every key is there (no wait first: that would cost a read more).
+    fn multi_get_watching(
+        &self,
+        keys: &[String],
+        timeout: Duration,
+        interrupted: Interrupt<'_>,
+    ) -> Result<Vec<Vec<u8>>> {
+        let deadline = Deadline::after(timeout);
+        loop {
+            let values = self.snapshot(keys)?;
+            if values.iter().all(Option::is_some) {
+                return Ok(values.into_iter().flatten().collect());
+            }
+            let left = deadline.remaining().unwrap_or(Duration::ZERO);
+            if deadline.expired() {
+                return Err(Error::wait_timeout("multi_get", timeout, keys));
+            }
+            self.present(keys, left, "multi_get", interrupted)?;
+        }
+    }
+}
+
+impl Store for EtcdStore {
+    fn set(&self, key: &str, value: &[u8]) -> Result<()> {
+        let (key, value) = (self.layout.value(key), value.to_vec());
+        self.call("set", |mut kv| {
+            let (key, value) = (key.clone(), value.clone());
+            async move { kv.put(key, value, None).await.map(|_| Ok(())) }
+        })
+    }
+
+    fn get_timeout(&self, key: &str, timeout: Duration) -> Result<Vec<u8>> {
+        self.get_watching(key, timeout, &mut not_interrupted)
     }
 
     fn add(&self, key: &str, amount: i64) -> Result<i64> {
@@ -371,35 +399,41 @@ impl Store for EtcdStore {
         self.present(keys, timeout, "wait", &mut not_interrupted)
     }
 
-    fn wait_interruptibly(
-        &self,
-        keys: &[String],
-        timeout: Duration,
-        interrupted: Interrupt<'_>,
-    ) -> Result<()> {
-        self.present(keys, timeout, "wait", interrupted)
-    }
-
-    fn queue_pop_interruptibly(
-        &self,
-        key: &str,
-        timeout: Duration,
-        interrupted: Interrupt<'_>,
-    ) -> Result<Vec<u8>> {
-        self.pop_when_pushed(key, timeout, interrupted)
+    /// Writes are not bounded: one may take 5 s (an election) even when the store timeout is
+    /// shorter.
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            extended_api: true,
+            bounded_writes: false,
+            ..Capabilities::BASIC
+        }
     }
 
     /// Interruptible at no cost: the check runs beside the one watch (`interruptible.rs`).
-    fn interruptible_waits(&self) -> bool {
-        true
+    fn block_interruptibly(
+        &self,
+        call: Blocking<'_>,
+        timeout: Duration,
+        interrupted: Interrupt<'_>,
+    ) -> Result<Unblocked> {
+        match call {
+            Blocking::Get(key) => self
+                .get_watching(key, timeout, interrupted)
+                .map(Unblocked::Value),
+            Blocking::Wait(keys) => self
+                .present(keys, timeout, "wait", interrupted)
+                .map(|()| Unblocked::Ready),
+            Blocking::MultiGet(keys) => self
+                .multi_get_watching(keys, timeout, interrupted)
+                .map(Unblocked::Values),
+            Blocking::QueuePop(key) => self
+                .pop_when_pushed(key, timeout, interrupted)
+                .map(Unblocked::Value),
+        }
     }
 
-    fn enroll(&self, roll: &str, member: usize) -> Result<usize> {
-        self.enroll_member(roll, member)
-    }
-
-    fn enrolled(&self, roll: &str) -> Result<Vec<usize>> {
-        self.roll_members(roll)
+    fn roll(&self) -> Option<&dyn Roll> {
+        Some(self)
     }
 
     fn delete_key(&self, key: &str) -> Result<bool> {
@@ -437,10 +471,6 @@ impl Store for EtcdStore {
         }))
     }
 
-    fn has_extended_api(&self) -> bool {
-        true
-    }
-
     fn append(&self, key: &str, value: &[u8]) -> Result<()> {
         self.update("append", self.layout.value(key), |current| {
             let mut joined = current.unwrap_or_default().to_vec();
@@ -451,28 +481,7 @@ impl Store for EtcdStore {
     }
 
     fn multi_get(&self, keys: &[String]) -> Result<Vec<Vec<u8>>> {
-        self.multi_get_interruptibly(keys, &mut not_interrupted)
-    }
-
-    /// One snapshot when every key is there (no wait first: that would cost a read more).
-    fn multi_get_interruptibly(
-        &self,
-        keys: &[String],
-        interrupted: Interrupt<'_>,
-    ) -> Result<Vec<Vec<u8>>> {
-        let timeout = self.timeout();
-        let deadline = Deadline::after(timeout);
-        loop {
-            let values = self.snapshot(keys)?;
-            if values.iter().all(Option::is_some) {
-                return Ok(values.into_iter().flatten().collect());
-            }
-            let left = deadline.remaining().unwrap_or(Duration::ZERO);
-            if deadline.expired() {
-                return Err(Error::wait_timeout("multi_get", timeout, keys));
-            }
-            self.present(keys, left, "multi_get", interrupted)?;
-        }
+        self.multi_get_watching(keys, self.timeout(), &mut not_interrupted)
     }
 
     fn multi_set(&self, keys: &[String], values: &[Vec<u8>]) -> Result<()> {
@@ -525,11 +534,6 @@ impl Store for EtcdStore {
             .iter()
             .filter_map(|k| self.layout.user_key(k))
             .collect())
-    }
-
-    /// A write may take 5 s (an election) even when the store timeout is shorter.
-    fn bounds_writes(&self) -> bool {
-        false
     }
 }
 

@@ -1,4 +1,4 @@
-//! Rolls ([`crate::store::Store::enroll`]) on etcd: a key per member, counted in the same
+//! Rolls ([`crate::store::Roll`]) on etcd: a key per member, counted in the same
 //! transaction that writes it.
 //!
 //! The default roll (an append to one shared key and an add to another) would be two
@@ -19,15 +19,18 @@ use etcd_client::{GetOptions, Txn, TxnOp, TxnOpResponse};
 
 use super::EtcdStore;
 use crate::error::Result;
+use crate::store::Roll;
 
 impl EtcdStore {
     /// The etcd key range of roll `roll`: every member key starts with it.
     fn roll_range(&self, roll: &str) -> Vec<u8> {
         self.layout.roll(roll)
     }
+}
 
+impl Roll for EtcdStore {
     /// Puts `member`'s key in roll `roll` and counts the roll's keys, in one transaction.
-    pub(super) fn enroll_member(&self, roll: &str, member: usize) -> Result<usize> {
+    fn enroll(&self, roll: &str, member: usize) -> Result<usize> {
         let range = self.roll_range(roll);
         let mut key = range.clone();
         key.extend_from_slice(member.to_string().as_bytes());
@@ -49,7 +52,7 @@ impl EtcdStore {
     }
 
     /// The members of roll `roll`: one range read of its keys (names only).
-    pub(super) fn roll_members(&self, roll: &str) -> Result<Vec<usize>> {
+    fn enrolled(&self, roll: &str) -> Result<Vec<usize>> {
         let range = self.roll_range(roll);
         let keys = self.call("enrolled", |kv| super::keys_under(kv, range.clone()))?;
         Ok(keys

@@ -7,7 +7,7 @@ use bytes::Bytes;
 
 use super::{expect_value, wire, wire_all, TcpStore};
 use crate::error::{Error, Result};
-use crate::store::Store;
+use crate::store::{Capabilities, Store};
 use crate::tcp::client::Client;
 use crate::tcp::codec::{Reply, Request};
 
@@ -144,8 +144,11 @@ impl Store for TcpStore {
         Ok(Arc::new(self.connect_clone()?))
     }
 
-    fn has_extended_api(&self) -> bool {
-        true
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            extended_api: true,
+            ..Capabilities::BASIC
+        }
     }
 
     fn append(&self, key: &str, value: &[u8]) -> Result<()> {
