@@ -15,11 +15,14 @@ alternates), and each row prints:
 
 Models: ``large`` has a few large tensors (8 x Linear(2048, 2048), 33.6M parameters, 16
 tensors), ``many`` has hundreds (300 x Linear(256, 256), 19.7M parameters, 600 tensors);
-256 rows a step. Wrappers (``--wrappers``): ``ddp``, and FSDP with one unit per Linear,
-``fsdp`` (FULL_SHARD) and ``fsdp_sgo`` (SHARD_GRAD_OP).
+256 rows a step. Wrappers (``--wrappers``): ``ddp``; FSDP with one unit per Linear, ``fsdp``
+(FULL_SHARD) and ``fsdp_sgo`` (SHARD_GRAD_OP); DDP with each side's ZeroRedundancyOptimizer
+over SGD, ``zero``, and ``zero_overlap`` (ferrodist's with ``overlap_with_forward``, against
+torch's plain one).
 
     ./scripts/bench benches/bench_comm_bound.py [--rate 1gbit|10gbit|unshaped]
-        [--models large,many] [--wrappers ddp,fsdp,fsdp_sgo] [--steps 5] [--warmup 1]
+        [--models large,many] [--wrappers ddp,fsdp,fsdp_sgo,zero,zero_overlap] [--steps 5]
+        [--warmup 1]
 
 Needs root (network namespaces, ``tc``); elsewhere it says why and measures nothing.
 """
@@ -51,7 +54,7 @@ def _model(layers: int, width: int) -> Any:
 def _wrap(kind: str, wrapper: str, model: Any) -> Any:
     import torch
 
-    if wrapper == "ddp":
+    if wrapper == "ddp" or wrapper in _ZERO:
         if kind == "torch":
             from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
@@ -78,10 +81,31 @@ _STRATEGIES = {"fsdp": "FULL_SHARD", "fsdp_sgo": "SHARD_GRAD_OP"}
 """``--wrappers`` names of the FSDP rows and their sharding strategies."""
 
 
-def _stepper(module: Any, x: Any) -> Callable[[], None]:
+def _optimizer(kind: str, wrapper: str, module: Any) -> Any:
+    """SGD; under the ``zero`` rows sharded by each side's ZeroRedundancyOptimizer (the
+    ``zero_overlap`` row: ferrodist's also leaves its broadcasts to the next forward)."""
     import torch
 
-    optim = torch.optim.SGD(module.parameters(), lr=1e-4)
+    if kind == "compute" or wrapper not in _ZERO:
+        return torch.optim.SGD(module.parameters(), lr=1e-4)
+    if kind == "torch":
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+    else:
+        from ferrodist.optim import ZeroRedundancyOptimizer
+    optim = ZeroRedundancyOptimizer(module.parameters(), optimizer_class=torch.optim.SGD, lr=1e-4)
+    if kind == "ferrodist" and wrapper == "zero_overlap":
+        optim.overlap_with_forward(module)
+    return optim
+
+
+_ZERO = {"zero": "DDP + ZeRO", "zero_overlap": "DDP + ZeRO, overlap_with_forward"}
+"""``--wrappers`` names of the ZeRO rows (DDP with ZeroRedundancyOptimizer) and their labels."""
+
+
+def _stepper(module: Any, x: Any, optim: Any = None) -> Callable[[], None]:
+    import torch
+
+    optim = optim if optim is not None else torch.optim.SGD(module.parameters(), lr=1e-4)
 
     def step() -> None:
         module(x).square().mean().backward()
@@ -108,10 +132,8 @@ def _worker(args: argparse.Namespace) -> None:
         tensors = sum(1 for _ in base.parameters())
         params = sum(p.numel() for p in base.parameters())
         for wrapper in args.wrappers.split(","):
-            steps = {
-                k: _stepper(_wrap(k, wrapper, _model(layers, width)), x)
-                for k in ("torch", "ferrodist")
-            }
+            modules = {k: _wrap(k, wrapper, _model(layers, width)) for k in ("torch", "ferrodist")}
+            steps = {k: _stepper(m, x, _optimizer(k, wrapper, m)) for k, m in modules.items()}
             steps["compute"] = _stepper(_model(layers, width), x)
             times: dict[str, list[float]] = {k: [] for k in steps}
             sent: dict[str, list[int]] = {k: [] for k in steps}
@@ -138,7 +160,7 @@ def _worker(args: argparse.Namespace) -> None:
                     "bytes": {k: statistics.median(v) for k, v in sent.items()},
                 }
             )
-            del steps
+            del steps, modules
     if dist.get_rank() == 0:
         print("RESULT " + json.dumps(rows), flush=True)
     dist.destroy_process_group()
@@ -166,7 +188,11 @@ def _print(rows: list[dict[str, Any]], rate_bps: float, args: argparse.Namespace
             f"{r['model']}: {r['layers']} x Linear({r['width']}, {r['width']}), "
             f"{r['params'] / 1e6:.1f}M params, {r['tensors']} tensors"
         )
-        wrapper = "DDP" if r["wrapper"] == "ddp" else f"FSDP {_STRATEGIES[r['wrapper']]}"
+        wrapper = (
+            "DDP"
+            if r["wrapper"] == "ddp"
+            else _ZERO.get(r["wrapper"]) or f"FSDP {_STRATEGIES[r['wrapper']]}"
+        )
         print(
             f"| {model} | {wrapper} | {compute:.2f} s | {t['torch']:.2f} s | "
             f"{t['ferrodist']:.2f} s | {t['ferrodist'] / t['torch']:.2f}x | "
