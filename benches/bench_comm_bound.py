@@ -16,13 +16,12 @@ alternates), and each row prints:
 Models: ``large`` has a few large tensors (8 x Linear(2048, 2048), 33.6M parameters, 16
 tensors), ``many`` has hundreds (300 x Linear(256, 256), 19.7M parameters, 600 tensors);
 256 rows a step. Wrappers (``--wrappers``): ``ddp``; FSDP with one unit per Linear, ``fsdp``
-(FULL_SHARD) and ``fsdp_sgo`` (SHARD_GRAD_OP); DDP with each side's ZeroRedundancyOptimizer
-over SGD, ``zero``, and ``zero_overlap`` (ferrodist's with ``overlap_with_forward``, against
-torch's plain one).
+(FULL_SHARD) and ``fsdp_sgo`` (SHARD_GRAD_OP); ``zero``, DDP with each side's
+ZeroRedundancyOptimizer over SGD (ferrodist's ``overlap_with_forward`` is timed by
+``bench_zero_overlap.py``, see ``_ZERO``).
 
     ./scripts/bench benches/bench_comm_bound.py [--rate 1gbit|10gbit|unshaped]
-        [--models large,many] [--wrappers ddp,fsdp,fsdp_sgo,zero,zero_overlap] [--steps 5]
-        [--warmup 1]
+        [--models large,many] [--wrappers ddp,fsdp,fsdp_sgo,zero] [--steps 5] [--warmup 1]
 
 Needs root (network namespaces, ``tc``); elsewhere it says why and measures nothing.
 """
@@ -82,8 +81,7 @@ _STRATEGIES = {"fsdp": "FULL_SHARD", "fsdp_sgo": "SHARD_GRAD_OP"}
 
 
 def _optimizer(kind: str, wrapper: str, module: Any) -> Any:
-    """SGD; under the ``zero`` rows sharded by each side's ZeroRedundancyOptimizer (the
-    ``zero_overlap`` row: ferrodist's also leaves its broadcasts to the next forward)."""
+    """SGD; under the ``zero`` row sharded by each side's ZeroRedundancyOptimizer."""
     import torch
 
     if kind == "compute" or wrapper not in _ZERO:
@@ -206,7 +204,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rate", default="1gbit")
     parser.add_argument("--models", default="large,many")
-    parser.add_argument("--wrappers", default="ddp,fsdp,fsdp_sgo")
+    parser.add_argument("--wrappers", default="ddp,fsdp,fsdp_sgo,zero")
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=1)
