@@ -90,14 +90,15 @@ def _optimizer(kind: str, wrapper: str, module: Any) -> Any:
         from torch.distributed.optim import ZeroRedundancyOptimizer
     else:
         from ferrodist.optim import ZeroRedundancyOptimizer
-    optim = ZeroRedundancyOptimizer(module.parameters(), optimizer_class=torch.optim.SGD, lr=1e-4)
-    if kind == "ferrodist" and wrapper == "zero_overlap":
-        optim.overlap_with_forward(module)
-    return optim
+    return ZeroRedundancyOptimizer(module.parameters(), optimizer_class=torch.optim.SGD, lr=1e-4)
 
 
-_ZERO = {"zero": "DDP + ZeRO", "zero_overlap": "DDP + ZeRO, overlap_with_forward"}
-"""``--wrappers`` names of the ZeRO rows (DDP with ZeroRedundancyOptimizer) and their labels."""
+_ZERO = {"zero": "DDP + ZeRO"}
+"""``--wrappers`` name of the ZeRO row (DDP with ZeroRedundancyOptimizer) and its label. No row
+here for ferrodist's ``overlap_with_forward``: its broadcasts stay in flight after ``step()``,
+and with the two sides taking turns step by step they would run during the other side's turn
+and leave the step that issued them. ``bench_zero_overlap.py`` times it in blocks of
+consecutive steps, the in-flight tail included."""
 
 
 def _stepper(module: Any, x: Any, optim: Any = None) -> Callable[[], None]:
