@@ -17,6 +17,7 @@
 pub mod blocking;
 mod capabilities;
 pub mod db;
+mod deadline;
 mod entries;
 pub mod hash;
 pub mod waiters;
@@ -32,12 +33,13 @@ pub mod foreign;
 pub mod etcd;
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::error::{Error, Result};
 
 pub use blocking::{Blocking, Unblocked};
 pub use capabilities::Capabilities;
+pub use deadline::{popped_now, retry_until, sliced, Deadline};
 pub use file::FileStore;
 pub use hash::HashStore;
 pub use prefix::PrefixStore;
@@ -53,47 +55,6 @@ pub const INTERRUPT_POLL: Duration = Duration::from_millis(100);
 
 /// Called between slices of a long wait; an `Err` (Ctrl-C in Python) ends the wait with it.
 pub type Interrupt<'a> = &'a mut dyn FnMut() -> Result<()>;
-
-/// A point in time after which a blocking call gives up; `None` waits forever
-/// (torch's `kNoTimeout`, a zero timeout).
-#[derive(Debug, Clone, Copy)]
-pub struct Deadline {
-    at: Option<Instant>,
-    timeout: Duration,
-}
-
-impl Deadline {
-    /// A deadline `timeout` from now; zero means never.
-    pub fn after(timeout: Duration) -> Self {
-        let at = if timeout.is_zero() {
-            None
-        } else {
-            Instant::now().checked_add(timeout)
-        };
-        Deadline { at, timeout }
-    }
-
-    /// The timeout this deadline was built from (for error messages).
-    pub fn timeout(&self) -> Duration {
-        self.timeout
-    }
-
-    /// The instant it passes, `None` when unbounded.
-    pub fn at(&self) -> Option<Instant> {
-        self.at
-    }
-
-    /// Time left, `None` when unbounded; zero once passed.
-    pub fn remaining(&self) -> Option<Duration> {
-        self.at
-            .map(|at| at.saturating_duration_since(Instant::now()))
-    }
-
-    /// True once the deadline has passed.
-    pub fn expired(&self) -> bool {
-        self.remaining().is_some_and(|left| left.is_zero())
-    }
-}
 
 /// A torch-compatible key/value store. Keys are strings, values raw bytes.
 ///
@@ -188,26 +149,18 @@ pub trait Store: Send + Sync {
     /// Pops the front of queue `key`, waiting up to `timeout` (zero: forever) for an element.
     /// A timeout pops nothing, so a caller may repeat the call (see [`sliced`]).
     ///
-    /// Default: wait for the queue, then pop without blocking; when another consumer took the
-    /// element in between, wait again within the same deadline (torch's TCPStore raises
-    /// `QueueEmptyError` there instead).
+    /// Default: pop without blocking; while the queue is empty, wait for it and try again
+    /// within the same deadline (so an element another consumer took in between costs a wait,
+    /// where torch's TCPStore raises `QueueEmptyError`).
     fn queue_pop_timeout(&self, key: &str, timeout: Duration) -> Result<Vec<u8>> {
-        let deadline = Deadline::after(timeout);
         let keys = [key.to_owned()];
-        loop {
-            let left = match deadline.remaining() {
-                Some(left) if left.is_zero() => {
-                    return Err(Error::wait_timeout("queue_pop", timeout, &keys))
-                }
-                left => left.unwrap_or(Duration::ZERO),
-            };
-            self.wait(&keys, Some(left))
-                .map_err(|err| err.with_whole_timeout(timeout))?;
-            match self.queue_pop(key, false) {
-                Err(Error::QueueEmpty) => continue,
-                popped => return popped,
-            }
-        }
+        retry_until(
+            "queue_pop",
+            &keys,
+            timeout,
+            || popped_now(self.queue_pop(key, false)),
+            |left| self.wait(&keys, Some(left)),
+        )
     }
 
     /// Length of queue `key`, 0 when it does not exist.
@@ -267,38 +220,6 @@ pub trait Store: Send + Sync {
             },
             other => other,
         })
-    }
-}
-
-/// Runs a blocking operation in slices of at most [`INTERRUPT_POLL`] so that `interrupted` can
-/// run between them (Python checks for Ctrl-C there); an `Err` from it ends the call with that
-/// error. `op` gets the length of each slice and is retried while it times out, until `timeout`
-/// (zero: forever) has passed. The final timeout error reports the whole `timeout`, not a slice.
-///
-/// Only for operations that are safe to repeat after a timeout (get, wait, multi_get); not for
-/// a server-side barrier, which counts each attempt.
-pub fn sliced<T>(
-    timeout: Duration,
-    mut op: impl FnMut(Duration) -> Result<T>,
-    interrupted: &mut dyn FnMut() -> Result<()>,
-) -> Result<T> {
-    let deadline = Deadline::after(timeout);
-    loop {
-        let (slice, last) = match deadline.remaining() {
-            Some(left) if left <= INTERRUPT_POLL => (left.max(Duration::from_millis(1)), true),
-            Some(_) | None => (INTERRUPT_POLL, false),
-        };
-        match op(slice) {
-            Err(Error::Timeout { op, detail, .. }) if last => {
-                return Err(Error::Timeout {
-                    op,
-                    after: timeout,
-                    detail,
-                })
-            }
-            Err(err) if err.is_timeout() => interrupted()?,
-            other => return other,
-        }
     }
 }
 

@@ -12,9 +12,9 @@ use std::future::Future;
 use std::time::Duration;
 
 use super::EtcdStore;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::runtime::runtime;
-use crate::store::{Deadline, Interrupt, Store, INTERRUPT_POLL};
+use crate::store::{popped_now, retry_until, Deadline, Interrupt, Store, INTERRUPT_POLL};
 
 impl EtcdStore {
     /// Runs `waiting` on this thread until it ends, `timeout` (zero: never) passes (`None`) or
@@ -44,30 +44,22 @@ impl EtcdStore {
         })
     }
 
-    /// A blocking queue pop: wait for the queue, pop without blocking, and wait again within
-    /// the same deadline when another consumer took the element first (as the trait's default
-    /// `queue_pop_timeout`, with the wait interruptible).
+    /// A blocking queue pop, as the trait's default `queue_pop_timeout` with the wait
+    /// interruptible: pop without blocking, and while the queue is empty wait for it (beside
+    /// the interruption check) and try again within the same deadline.
     pub(super) fn pop_when_pushed(
         &self,
         key: &str,
         timeout: Duration,
         interrupted: Interrupt<'_>,
     ) -> Result<Vec<u8>> {
-        let deadline = Deadline::after(timeout);
         let keys = [key.to_owned()];
-        loop {
-            let left = match deadline.remaining() {
-                Some(left) if left.is_zero() => {
-                    return Err(Error::wait_timeout("queue_pop", timeout, &keys))
-                }
-                left => left.unwrap_or(Duration::ZERO),
-            };
-            self.present(&keys, left, "wait", interrupted)
-                .map_err(|err| err.with_whole_timeout(timeout))?;
-            match self.queue_pop(key, false) {
-                Err(Error::QueueEmpty) => continue,
-                popped => return popped,
-            }
-        }
+        retry_until(
+            "queue_pop",
+            &keys,
+            timeout,
+            || popped_now(self.queue_pop(key, false)),
+            |left| self.present(&keys, left, "wait", &mut *interrupted),
+        )
     }
 }

@@ -55,8 +55,8 @@ use self::retry::retrying;
 use self::rmw::{Change, Receipts};
 use self::watch::MAX_TXN_OPS;
 use super::{
-    parse_counter, same_length, Blocking, Capabilities, Deadline, Interrupt, Roll, Store,
-    Unblocked, DEFAULT_TIMEOUT,
+    parse_counter, retry_until, same_length, Blocking, Capabilities, Deadline, Interrupt, Roll,
+    Store, Unblocked, DEFAULT_TIMEOUT,
 };
 use crate::error::{Error, Result};
 use crate::runtime::runtime;
@@ -315,22 +315,14 @@ impl EtcdStore {
         timeout: Duration,
         interrupted: Interrupt<'_>,
     ) -> Result<Vec<u8>> {
-        let deadline = Deadline::after(timeout);
         let keys = [key.to_owned()];
-        loop {
-            if let Some(value) = self.read("get", self.layout.value(key))? {
-                return Ok(value);
-            }
-            let left = match deadline.remaining() {
-                Some(left) if left.is_zero() => {
-                    return Err(Error::wait_timeout("get", timeout, &keys))
-                }
-                Some(left) => left,
-                None => Duration::ZERO,
-            };
-            self.present(&keys, left, "get", interrupted)
-                .map_err(|err| err.with_whole_timeout(timeout))?;
-        }
+        retry_until(
+            "get",
+            &keys,
+            timeout,
+            || self.read("get", self.layout.value(key)),
+            |left| self.present(&keys, left, "get", &mut *interrupted),
+        )
     }
 
     /// One snapshot when every key is there (no wait first: that would cost a read more).
@@ -340,18 +332,16 @@ impl EtcdStore {
         timeout: Duration,
         interrupted: Interrupt<'_>,
     ) -> Result<Vec<Vec<u8>>> {
-        let deadline = Deadline::after(timeout);
-        loop {
+        let all_there = || -> Result<Option<Vec<Vec<u8>>>> {
             let values = self.snapshot(keys)?;
-            if values.iter().all(Option::is_some) {
-                return Ok(values.into_iter().flatten().collect());
-            }
-            let left = deadline.remaining().unwrap_or(Duration::ZERO);
-            if deadline.expired() {
-                return Err(Error::wait_timeout("multi_get", timeout, keys));
-            }
-            self.present(keys, left, "multi_get", interrupted)?;
-        }
+            Ok(values
+                .iter()
+                .all(Option::is_some)
+                .then(|| values.into_iter().flatten().collect()))
+        };
+        retry_until("multi_get", keys, timeout, all_there, |left| {
+            self.present(keys, left, "multi_get", &mut *interrupted)
+        })
     }
 }
 
