@@ -72,10 +72,33 @@ fn interruptible(store: &dyn Store) -> bool {
     interruptible_waits
 }
 
-fn mismatch(op: &str, got: &Unblocked) -> Error {
-    Error::Store(format!(
-        "{op}: the store answered with {got:?}, not what {op} returns"
-    ))
+impl Unblocked {
+    fn mismatch(self, op: &str) -> Error {
+        Error::Store(format!(
+            "{op}: the store answered with {self:?}, not what {op} returns"
+        ))
+    }
+
+    fn value(self, op: &str) -> Result<Vec<u8>> {
+        match self {
+            Unblocked::Value(value) => Ok(value),
+            other => Err(other.mismatch(op)),
+        }
+    }
+
+    fn values(self, op: &str) -> Result<Vec<Vec<u8>>> {
+        match self {
+            Unblocked::Values(values) => Ok(values),
+            other => Err(other.mismatch(op)),
+        }
+    }
+
+    fn ready(self, op: &str) -> Result<()> {
+        match self {
+            Unblocked::Ready => Ok(()),
+            other => Err(other.mismatch(op)),
+        }
+    }
 }
 
 /// The value of `key`, waiting up to `timeout` (zero: forever) for it.
@@ -88,10 +111,9 @@ pub fn get(
     if !interruptible(store) {
         return store.get_timeout(key, timeout);
     }
-    match store.block_interruptibly(Blocking::Get(key), timeout, interrupted)? {
-        Unblocked::Value(value) => Ok(value),
-        other => Err(mismatch("get", &other)),
-    }
+    store
+        .block_interruptibly(Blocking::Get(key), timeout, interrupted)?
+        .value("get")
 }
 
 /// Waits up to `timeout` (zero: forever) until every key is there.
@@ -104,10 +126,9 @@ pub fn wait(
     if !interruptible(store) {
         return store.wait(keys, Some(timeout));
     }
-    match store.block_interruptibly(Blocking::Wait(keys), timeout, interrupted)? {
-        Unblocked::Ready => Ok(()),
-        other => Err(mismatch("wait", &other)),
-    }
+    store
+        .block_interruptibly(Blocking::Wait(keys), timeout, interrupted)?
+        .ready("wait")
 }
 
 /// The values of every key, waiting for them up to the store's timeout. A store that cannot
@@ -121,10 +142,9 @@ pub fn multi_get(
     if !interruptible(store) {
         return store.multi_get(keys);
     }
-    match store.block_interruptibly(Blocking::MultiGet(keys), store.timeout(), interrupted)? {
-        Unblocked::Values(values) => Ok(values),
-        other => Err(mismatch("multi_get", &other)),
-    }
+    store
+        .block_interruptibly(Blocking::MultiGet(keys), store.timeout(), interrupted)?
+        .values("multi_get")
 }
 
 /// Pops the front of queue `key`, waiting up to `timeout` (zero: forever) for an element.
@@ -137,10 +157,9 @@ pub fn queue_pop(
     if !interruptible(store) {
         return store.queue_pop_timeout(key, timeout);
     }
-    match store.block_interruptibly(Blocking::QueuePop(key), timeout, interrupted)? {
-        Unblocked::Value(value) => Ok(value),
-        other => Err(mismatch("queue_pop", &other)),
-    }
+    store
+        .block_interruptibly(Blocking::QueuePop(key), timeout, interrupted)?
+        .value("queue_pop")
 }
 
 #[cfg(test)]

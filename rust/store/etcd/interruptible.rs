@@ -14,7 +14,7 @@ use std::time::Duration;
 use super::EtcdStore;
 use crate::error::Result;
 use crate::runtime::runtime;
-use crate::store::{popped_now, retry_until, Deadline, Interrupt, Store, INTERRUPT_POLL};
+use crate::store::{popped_now, Deadline, Interrupt, Store, INTERRUPT_POLL};
 
 impl EtcdStore {
     /// Runs `waiting` on this thread until it ends, `timeout` (zero: never) passes (`None`) or
@@ -53,13 +53,8 @@ impl EtcdStore {
         timeout: Duration,
         interrupted: Interrupt<'_>,
     ) -> Result<Vec<u8>> {
-        let keys = [key.to_owned()];
-        retry_until(
-            "queue_pop",
-            &keys,
-            timeout,
-            || popped_now(self.queue_pop(key, false)),
-            |left| self.present(&keys, left, "wait", &mut *interrupted),
-        )
+        self.retry_watching("queue_pop", &[key.to_owned()], timeout, interrupted, || {
+            popped_now(self.queue_pop(key, false))
+        })
     }
 }

@@ -315,14 +315,9 @@ impl EtcdStore {
         timeout: Duration,
         interrupted: Interrupt<'_>,
     ) -> Result<Vec<u8>> {
-        let keys = [key.to_owned()];
-        retry_until(
-            "get",
-            &keys,
-            timeout,
-            || self.read("get", self.layout.value(key)),
-            |left| self.present(&keys, left, "get", &mut *interrupted),
-        )
+        self.retry_watching("get", &[key.to_owned()], timeout, interrupted, || {
+            self.read("get", self.layout.value(key))
+        })
     }
 
     /// One snapshot when every key is there (no wait first: that would cost a read more).
@@ -339,8 +334,20 @@ impl EtcdStore {
                 .all(Option::is_some)
                 .then(|| values.into_iter().flatten().collect()))
         };
-        retry_until("multi_get", keys, timeout, all_there, |left| {
-            self.present(keys, left, "multi_get", &mut *interrupted)
+        self.retry_watching("multi_get", keys, timeout, interrupted, all_there)
+    }
+
+    /// [`retry_until`] whose wait is a watch for `keys` (checking `interrupted` beside it).
+    pub(super) fn retry_watching<T>(
+        &self,
+        op: &str,
+        keys: &[String],
+        timeout: Duration,
+        interrupted: Interrupt<'_>,
+        attempt: impl FnMut() -> Result<Option<T>>,
+    ) -> Result<T> {
+        retry_until(op, keys, timeout, attempt, |left| {
+            self.present(keys, left, op, &mut *interrupted)
         })
     }
 }
