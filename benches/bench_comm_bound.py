@@ -18,7 +18,9 @@ tensors), ``many`` has hundreds (300 x Linear(256, 256), 19.7M parameters, 600 t
 256 rows a step. Wrappers (``--wrappers``): ``ddp``; FSDP with one unit per Linear, ``fsdp``
 (FULL_SHARD) and ``fsdp_sgo`` (SHARD_GRAD_OP); ``zero``, DDP with each side's
 ZeroRedundancyOptimizer over SGD (ferrodist's ``overlap_with_forward`` is timed by
-``bench_zero_overlap.py``, see ``_ZERO``).
+``bench_zero_overlap.py``, see ``_ZERO``); ``fsdp_hybrid``, HYBRID_SHARD sharding within a
+host and replicating across hosts, with ``--ranks-per-host 2`` (4 ranks; each host's two ranks
+talk over its loopback, so the link counters hold only the traffic between hosts).
 
     ./scripts/bench benches/bench_comm_bound.py [--rate 1gbit|10gbit|unshaped]
         [--models large,many] [--wrappers ddp,fsdp,fsdp_sgo,zero] [--steps 5] [--warmup 1]
@@ -68,15 +70,26 @@ def _wrap(kind: str, wrapper: str, model: Any) -> Any:
     impl: Any = TorchFSDP
     if kind == "ferrodist":
         from ferrodist.fsdp import FullyShardedDataParallel as impl
+    extra: dict[str, Any] = {}
+    if wrapper == "fsdp_hybrid":
+        # Shard within a host, replicate across hosts: ranks host * local_size + local.
+        import os
+
+        from torch.distributed.device_mesh import init_device_mesh
+
+        local_size = int(os.environ["LOCAL_WORLD_SIZE"])
+        shape = (int(os.environ["WORLD_SIZE"]) // local_size, local_size)
+        extra["device_mesh"] = init_device_mesh("cpu", shape, mesh_dim_names=("replicate", "shard"))
     return impl(
         model,
         auto_wrap_policy=ModuleWrapPolicy({torch.nn.Linear}),
         sharding_strategy=ShardingStrategy[_STRATEGIES[wrapper]],
         device_id=torch.device("cpu"),
+        **extra,
     )
 
 
-_STRATEGIES = {"fsdp": "FULL_SHARD", "fsdp_sgo": "SHARD_GRAD_OP"}
+_STRATEGIES = {"fsdp": "FULL_SHARD", "fsdp_sgo": "SHARD_GRAD_OP", "fsdp_hybrid": "HYBRID_SHARD"}
 """``--wrappers`` names of the FSDP rows and their sharding strategies."""
 
 
@@ -167,10 +180,12 @@ def _worker(args: argparse.Namespace) -> None:
 
 def _print(rows: list[dict[str, Any]], rate_bps: float, args: argparse.Namespace) -> None:
     rate = f"{rate_bps / 1e9:g} Gbit/s" if rate_bps else "unshaped"
+    per = "rank" if args.ranks_per_host == 1 else "host (its ranks together)"
     print(
-        f"\nComm-bound step time: 2 hosts x 1 gloo rank on the lab, {rate} per host link "
-        f"(both directions), batch {args.batch}, SGD, median of {args.steps} steps, both "
-        f"sides taking turns; floor = bytes sent / link rate, bound = max(floor, compute)\n"
+        f"\nComm-bound step time: 2 hosts x {args.ranks_per_host} gloo rank(s) on the lab, "
+        f"{rate} per host link (both directions), batch {args.batch}, SGD, median of "
+        f"{args.steps} steps, both sides taking turns; MB/step: what each {per} put on its "
+        f"link; floor = those bytes / link rate, bound = max(floor, compute)\n"
     )
     print(
         "| model | wrapper | compute only | torch step | ferrodist step | ratio "
@@ -210,6 +225,9 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--threads", type=int, default=1, help="torch threads per rank")
+    parser.add_argument(
+        "--ranks-per-host", type=int, default=1, help="2 for the fsdp_hybrid row (4 ranks)"
+    )
     parser.add_argument("--timeout", type=float, default=900.0, help="deadline of the run, s")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -222,7 +240,9 @@ def main() -> int:
     def report(rows: list[dict[str, Any]], rate_bps: float) -> None:
         _print(rows, rate_bps, args)
 
-    return run_workers("bench_comm_bound", __file__, args.rate, args.timeout, report)
+    return run_workers(
+        "bench_comm_bound", __file__, args.rate, args.timeout, report, args.ranks_per_host
+    )
 
 
 if __name__ == "__main__":

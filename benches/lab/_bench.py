@@ -26,9 +26,11 @@ def run_workers(
     rate: str,
     timeout: float,
     report: Callable[[list[dict[str, Any]], float], None],
+    ranks_per_host: int = 1,
 ) -> int:
-    """Runs ``script --worker <this command's arguments>`` in a 2-host lab at ``rate`` and hands
-    rank 0's rows and the link rate (bit/s) to ``report``; the exit status for ``main``."""
+    """Runs ``script --worker <this command's arguments>`` in a 2-host lab at ``rate``
+    (``ranks_per_host`` ranks on each host) and hands rank 0's rows and the link rate (bit/s) to
+    ``report``; the exit status for ``main``."""
     reason = unavailable()
     if reason:
         print(f"{name}: lab unavailable ({reason}); nothing measured")
@@ -39,7 +41,7 @@ def run_workers(
     )
     argv = [sys.executable, str(Path(script).resolve()), "--worker", *sys.argv[1:]]
     with Lab(hosts=2, rate=rate) as lab:
-        results = lab.launch(argv, env=env, timeout=timeout)
+        results = lab.launch(argv, env=env, timeout=timeout, ranks_per_host=ranks_per_host)
         rate_bps = lab.rate_bps
     for r in results:
         if r.returncode != 0:
