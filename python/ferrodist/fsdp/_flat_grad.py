@@ -166,20 +166,21 @@ class FlatGrads:
             _divide(padded, reduction.predivide)
             reduce_scatter_flat(shard, padded, group=self.group)
             assert reduction.replicate_group is not None
-            all_reduce(shard, group=reduction.replicate_group)
-            _divide(shard, reduction.postdivide)
-        else:
-            reduction.hook(reduction.hook_state, padded, shard)
-        if shard.dtype != flat.dtype and reduction.hook is None:
-            shard.data = shard.data.to(flat.dtype)
+            # The replicas' all-reduce is the one that crosses hosts: left running under the
+            # next unit's backward, as the reduce-scatter is above when there are no replicas.
+            work = all_reduce(shard, group=reduction.replicate_group, async_op=True)
+            self._reduction_in_flight = (work, shard, None, reduction.postdivide)
+            return
+        reduction.hook(reduction.hook_state, padded, shard)
         self._keep_reduced(shard)
 
     def finish_reduction(self) -> None:
-        """Wait for the reduce-scatter ``reduce_grad`` left running (if any) and finish what
-        follows it: the post-divide, the cast to the parameter's dtype, the offload, ``.grad``'s
-        views. Called before the next unit's reduction is issued (so one runs under each unit's
-        backward compute and at most one unsharded gradient waits), and before anything reads
-        the reduced gradient: the end of backward, an overlapped optimizer's step."""
+        """Wait for the reduction ``reduce_grad`` left running (if any: the reduce-scatter, or
+        under a hybrid strategy the replicas' all-reduce) and finish what follows it: the
+        post-divide, the cast to the parameter's dtype, the offload, ``.grad``'s views. Called
+        before the next unit's reduction is issued (so one runs under each unit's backward
+        compute and at most one unsharded gradient waits), and before anything reads the
+        reduced gradient: the end of backward, an overlapped optimizer's step."""
         pending = self._reduction_in_flight
         if pending is None:
             return
