@@ -20,7 +20,8 @@ tensors), ``many`` has hundreds (300 x Linear(256, 256), 19.7M parameters, 600 t
 ZeroRedundancyOptimizer over SGD (ferrodist's ``overlap_with_forward`` is timed by
 ``bench_zero_overlap.py``, see ``_ZERO``); ``fsdp_hybrid``, HYBRID_SHARD sharding within a
 host and replicating across hosts, with ``--ranks-per-host 2`` (4 ranks; each host's two ranks
-talk over its loopback, so the link counters hold only the traffic between hosts).
+talk over its loopback, so the link counters hold only the traffic between hosts); ``fsdp_fp``,
+FULL_SHARD with ``forward_prefetch=True`` on both sides.
 
     ./scripts/bench benches/bench_comm_bound.py [--rate 1gbit|10gbit|unshaped]
         [--models large,many] [--wrappers ddp,fsdp,fsdp_sgo,zero] [--steps 5] [--warmup 1]
@@ -71,6 +72,8 @@ def _wrap(kind: str, wrapper: str, model: Any) -> Any:
     if kind == "ferrodist":
         from ferrodist.fsdp import FullyShardedDataParallel as impl
     extra: dict[str, Any] = {}
+    if wrapper == "fsdp_fp":  # both sides asked to gather the next unit during a forward
+        extra["forward_prefetch"] = True
     if wrapper == "fsdp_hybrid":
         # Shard within a host, replicate across hosts: ranks host * local_size + local.
         import os
@@ -89,7 +92,12 @@ def _wrap(kind: str, wrapper: str, model: Any) -> Any:
     )
 
 
-_STRATEGIES = {"fsdp": "FULL_SHARD", "fsdp_sgo": "SHARD_GRAD_OP", "fsdp_hybrid": "HYBRID_SHARD"}
+_STRATEGIES = {
+    "fsdp": "FULL_SHARD",
+    "fsdp_sgo": "SHARD_GRAD_OP",
+    "fsdp_hybrid": "HYBRID_SHARD",
+    "fsdp_fp": "FULL_SHARD",
+}
 """``--wrappers`` names of the FSDP rows and their sharding strategies."""
 
 
@@ -205,7 +213,9 @@ def _print(rows: list[dict[str, Any]], rate_bps: float, args: argparse.Namespace
         wrapper = (
             "DDP"
             if r["wrapper"] == "ddp"
-            else _ZERO.get(r["wrapper"]) or f"FSDP {_STRATEGIES[r['wrapper']]}"
+            else _ZERO.get(r["wrapper"])
+            or f"FSDP {_STRATEGIES[r['wrapper']]}"
+            + (", forward_prefetch" if r["wrapper"] == "fsdp_fp" else "")
         )
         print(
             f"| {model} | {wrapper} | {compute:.2f} s | {t['torch']:.2f} s | "
