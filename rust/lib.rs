@@ -27,8 +27,10 @@
 //! * [`partition`]: ZeRO's sorted-greedy parameter partition across ranks.
 //! * [`rendezvous`]: a rank's rendezvous join over any store, with one request per progress
 //!   report (Python only parses URLs and logs).
-//! * [`readiness`]: DDP's per-gradient bookkeeping: which buckets may launch as gradients
-//!   arrive, arrival order, the local used map.
+//! * [`ddp_iteration`]: the owner of a DDP iteration's state and decisions (static graph,
+//!   unused parameters, rebuild, what to copy and launch as each gradient arrives), over
+//!   [`readiness`], the per-gradient counting: which buckets may launch, arrival order, the
+//!   local used map.
 //! * [`fsdp`]: FSDP planning from metadata: the flat-parameter layout (padding, equal shards,
 //!   each rank's parameter slices).
 //! * [`flight`]: the flight recorder: a fixed-size ring of every collective and point-to-point
@@ -54,6 +56,7 @@ pub mod rendezvous;
 pub mod partition;
 
 // --- ddp ---
+pub mod ddp_iteration;
 pub mod readiness;
 
 // --- fsdp ---

@@ -21,7 +21,7 @@ mod collectives;
 // --- zero ---
 mod partition;
 // --- ddp ---
-mod readiness;
+mod ddp_iteration;
 // --- fsdp ---
 mod fsdp;
 // --- flight recorder ---
@@ -49,7 +49,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     bucket::register(m)?;
     collectives::register(m)?;
     // --- ddp ---
-    readiness::register(m)?;
+    ddp_iteration::register(m)?;
     // --- fsdp ---
     fsdp::register(m)?;
     // --- flight recorder ---

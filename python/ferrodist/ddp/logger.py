@@ -98,22 +98,23 @@ class Logger:
         """Record the previous iteration's figures, on sampled iterations only (as torch):
         the first ten after the first, then every ``sample_rate``-th."""
         r = self._reducer
-        it = r._num_iterations
+        plan = r._plan
+        it = plan.iterations
         sampled = self._recorded < _FIRST_SAMPLED_ITERATIONS or it % self._sample_rate == 0
         if it == 0 or not sampled:
             return
         self._recorded += 1
         self._data["iteration"] = it
-        self._data["num_buckets_reduced"] = r._num_buckets_reduced
+        self._data["num_buckets_reduced"] = plan.buckets_reduced
         order = r._grad_ready_order
         if order:
             self._data["prev_iteration_grad_ready_order_indices"] = ", ".join(map(str, order))
         self._data["unused_parameter_size"] = sum(
-            r._params[i].numel() * r._params[i].element_size() for i in r._unused
+            r._params[i].numel() * r._params[i].element_size() for i in plan.unused
         )
-        if self._data.get("has_rebuilt_buckets") != int(r._has_rebuilt):
-            self._data["has_rebuilt_buckets"] = int(r._has_rebuilt)
-            if r._has_rebuilt:
+        if self._data.get("has_rebuilt_buckets") != int(plan.has_rebuilt):
+            self._data["has_rebuilt_buckets"] = int(plan.has_rebuilt)
+            if plan.has_rebuilt:
                 self._data["rebuilt_bucket_sizes"] = self._bucket_sizes()
                 self._data["rebuilt_per_bucket_param_indices"] = ", ".join(
                     " ".join(map(str, b.variable_indices)) for b in r._buckets

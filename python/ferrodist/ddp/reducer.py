@@ -1,14 +1,16 @@
 """``Reducer``: averages gradients across ranks bucket by bucket, while backward still runs.
 
 Each parameter gets a post-accumulate-grad hook, native (``_native.GradientHook``): it reports
-the gradient to the readiness bookkeeping in Rust and runs no Python unless there is work. A
-large gradient is copied into its bucket slot the moment it arrives (divided by the world size
-unless a comm hook is registered, which then averages itself), the small ones together when
-their bucket is complete; when a bucket's last gradient is in, and every earlier bucket has
-been launched, the bucket's all-reduce (or comm hook) starts. Later layers' buckets therefore
-travel while autograd is still computing earlier layers. At the end of backward (an
-autograd-engine callback) the Reducer waits for every bucket and writes the averaged values
-back into ``param.grad``.
+the gradient to the iteration's plan in Rust (``_native.DdpIteration``) and runs no Python unless
+the plan says there is work. The plan owns every decision of an iteration (static graph or not,
+unused parameters, the one-time rebuild, what to copy and launch); this class does the tensor
+work it asks for. A large gradient is copied into its bucket slot the moment it arrives
+(divided by the world size unless a comm hook is registered, which then averages itself), the
+small ones together when their bucket is complete; when a bucket's last gradient is in, and
+every earlier bucket has been launched, the bucket's all-reduce (or comm hook) starts. Later
+layers' buckets therefore travel while autograd is still computing earlier layers. At the end
+of backward (an autograd-engine callback) the Reducer waits for every bucket and writes the
+averaged values back into ``param.grad``.
 
 After the first iteration the buckets are rebuilt once in the order gradients actually arrived
 (rank 0's order wins), so bucket 0 really is the first to fill. With ``find_unused_parameters``
@@ -80,34 +82,32 @@ class Reducer(ReducerJoinSupport):
         self._first_bucket_bytes_cap = int(first_bucket_bytes_cap)
         self._bucket_bytes_cap_list = [int(x) for x in bucket_bytes_cap_list]
         self._find_unused = bool(find_unused_parameters)
-        self._skip_unused = bool(skip_all_reduce_unused_params)
         self._as_bucket_view = bool(gradient_as_bucket_view)
         self._names = dict(param_to_name_mapping or {})
         self._comm_hook: Optional[Callable[[GradBucket], Any]] = None
         self._comm_hook_kind = ""
-        self._static_graph = False
-        self._num_bwd_calls = 0
-        self._num_iterations = 0
-        self._unused: list[int] = []
-        self._unused_set: frozenset[int] = frozenset()
         self._global_used: Optional[torch.Tensor] = None
         self._used_work: Any = None
         self._div_factor: Optional[int] = None
         self._forward_work: Any = None
         self._static_world_size = True
-        self._has_rebuilt = False
-        self._num_buckets_reduced = 0
         self.times = RuntimeTimes()
         self.logger: Any = None
         self._bucket_dtype: Optional[torch.dtype] = None
         self._mixed_precision: Any = None
         #: parameter index -> (bucket, position) of the gradients ``Bucket.take_early`` copies
-        #: as they arrive; ``_early`` is that map while an iteration is reducing, else empty.
+        #: as they arrive (when the plan says so)
         self._large_slots: dict[int, tuple[Bucket, int]] = {}
-        self._early: dict[int, tuple[Bucket, int]] = {}
-        self._readiness = _native.Readiness(len(self._params), [list(b) for b in bucket_indices])
+        self._plan = _native.DdpIteration(
+            [list(b) for b in bucket_indices],
+            [
+                p.numel() >= SMALL_NUMEL and not sparse
+                for p, sparse in zip(self._params, self._expect_sparse)
+            ],
+            find_unused=self._find_unused,
+            skip_unused=bool(skip_all_reduce_unused_params),
+        )
         self._initialize_buckets(bucket_indices, per_bucket_size_limits)
-        self._set_mode(armed=False)
         self._hook_handles = [
             p.register_post_accumulate_grad_hook(self._make_hook(i))
             for i, p in enumerate(self._params)
@@ -116,9 +116,16 @@ class Reducer(ReducerJoinSupport):
     # ---- buckets ----------------------------------------------------------------------------
 
     def _initialize_buckets(
-        self, bucket_indices: Sequence[Sequence[int]], limits: Sequence[int]
+        self,
+        bucket_indices: Sequence[Sequence[int]],
+        limits: Sequence[int],
+        rebuilt: bool = False,
     ) -> None:
-        self._readiness.set_buckets([list(b) for b in bucket_indices])
+        layout = [list(b) for b in bucket_indices]
+        if rebuilt:
+            self._plan.rebuilt(layout)
+        else:
+            self._plan.set_buckets(layout)
         self._buckets = [
             Bucket.build(
                 self._params,
@@ -144,8 +151,7 @@ class Reducer(ReducerJoinSupport):
         self._reset_bucket_counting()
 
     def _reset_bucket_counting(self) -> None:
-        self._readiness.reset()
-        self._early = {}
+        self._plan.reset()
         for bucket in self._buckets:
             bucket.future = None
             bucket.early.clear()
@@ -155,15 +161,12 @@ class Reducer(ReducerJoinSupport):
             return list(self._bucket_bytes_cap_list)
         return [self._first_bucket_bytes_cap, self._bucket_bytes_cap]
 
-    def _should_rebuild(self) -> bool:
-        return (self._static_graph or not self._find_unused) and not self._has_rebuilt
-
     def _rebuild_buckets(self) -> bool:
         """Rebuild once, in gradient-arrival order agreed from rank 0; True if it happened."""
         self._ensure_prior_reduction_finished()
-        if not self._should_rebuild() or self._readiness.rebuild_order_len() == 0:
+        order = self._plan.rebuild_order()
+        if order is None:
             return False
-        order = self._readiness.take_rebuild_order()
         if len(order) != len(self._params):
             raise RuntimeError(
                 "rebuilt parameter indices size is not same as original model parameters size."
@@ -179,15 +182,14 @@ class Reducer(ReducerJoinSupport):
         indices, limits = broadcast_bucket_layout(
             self._process_group, indices, limits, self._params[0].device
         )
-        self._has_rebuilt = True
-        self._initialize_buckets(indices, limits)
+        self._initialize_buckets(indices, limits, rebuilt=True)
         return True
 
     # ---- iteration ----------------------------------------------------------------------------
 
     def prepare_for_forward(self) -> None:
         """Count the iteration and stamp the forward start."""
-        self._num_iterations += 1
+        self._plan.begin_forward()
         self.times.forward_start = time.time_ns()
 
     def prepare_for_backward(
@@ -204,72 +206,44 @@ class Reducer(ReducerJoinSupport):
         self._ensure_prior_reduction_finished()
         self.times.backward_compute_start = time.time_ns()
         self.times.comm_start = 0
-        if self._static_graph:
-            self._num_bwd_calls += 1
-        if not self._static_graph and self._find_unused:
+        unused: list[int] = []
+        if self._plan.searches_unused():
             used = reachable_parameters(outputs)
-            self._unused = [i for i, p in enumerate(self._params) if id(p) not in used]
-            self._unused_set = frozenset(self._unused)
-        self._set_mode(armed=True)
-        self._num_buckets_reduced = 0
+            unused = [i for i, p in enumerate(self._params) if id(p) not in used]
+        self._plan.begin_backward(unused)
         for bucket in self._buckets:
             bucket.future = None
             bucket.early.clear()
-        # Copying a gradient as it arrives needs it final at its hook: not under a static graph
-        # (a reused parameter's hook fires more than once; the first iteration reduces at the end).
-        self._early = {} if self._static_graph else self._large_slots
-
-    def _set_mode(self, armed: bool) -> None:
-        """Tell the bookkeeping how this iteration's hooks count (starts a new iteration)."""
-        first_static = self._static_first_iteration()
-        self._readiness.arm(
-            armed=armed,
-            record_used=self._dynamic_find_unused() or first_static,
-            count_only=first_static,
-            use_hook_counts=self._static_graph and not first_static,
-            record_rebuild=self._should_rebuild(),
-            unused=self._unused,
-        )
 
     def _ensure_prior_reduction_finished(self) -> None:
-        if self._readiness.any_ready():
-            missing = self._readiness.not_ready()
+        missing = self._plan.unfinished()
+        if missing is not None:
             raise RuntimeError(
                 unfinished_reduction_message(
-                    self._static_graph, self._find_unused, self._rank(), missing, self._names
+                    self._plan.static_graph, self._find_unused, self._rank(), missing, self._names
                 )
             )
 
     def _rank(self) -> int:
         return int(tdist.get_rank(self._process_group))
 
-    def _dynamic_find_unused(self) -> bool:
-        return self._find_unused and not self._static_graph
-
-    def _static_first_iteration(self) -> bool:
-        return self._static_graph and self._num_bwd_calls == 1
-
     def _make_hook(self, index: int) -> _native.GradientHook:
-        # Runs per gradient, in Rust: reports to the readiness bookkeeping and calls back only
-        # to launch buckets, or, for a gradient large enough to be copied as it arrives, to
-        # copy it (``_take_early``); most gradients of a real model run no Python at all. It
-        # holds this Reducer weakly (a hook on our own parameter would otherwise keep us alive).
-        param = self._params[index]
-        copied_on_arrival = param.numel() >= SMALL_NUMEL and not self._expect_sparse[index]
+        # Runs per gradient, in Rust: reports to the plan and calls back only to launch
+        # buckets, or, for a gradient the plan copies as it arrives, to copy it
+        # (``_take_early``); most gradients of a real model run no Python at all. It holds this
+        # Reducer weakly (a hook on our own parameter would otherwise keep us alive).
         return _native.GradientHook(
-            self._readiness,
+            self._plan,
             index,
             self,
             launch=Reducer._launch,
             ready_twice=Reducer._ready_twice,
-            on_arrival=Reducer._take_early if copied_on_arrival else None,
+            copy=Reducer._take_early,
         )
 
     def _take_early(self, index: int, param: torch.Tensor) -> None:
-        slot = self._early.get(index)
-        if slot is not None:
-            bucket, pos = slot
-            bucket.take_early(pos, param, self._divisor(), self._as_bucket_view)
+        bucket, pos = self._large_slots[index]
+        bucket.take_early(pos, param, self._divisor(), self._as_bucket_view)
 
     def _divisor(self) -> Optional[int]:
         """What a gradient is divided by on its way into its bucket (None with a comm hook)."""
@@ -292,28 +266,19 @@ class Reducer(ReducerJoinSupport):
             self._forward_work.wait()
             self._div_factor = int(self._forward_work.result()[0].item())
 
-    def _launch(self, first: int, end: int, all_launched: bool) -> None:
-        """Fill and reduce buckets ``first..end``; after the last, finalize at backward's end."""
+    def _launch(self, first: int, end: int, finish: bool, reduce_used_map: bool) -> None:
+        """Fill and reduce buckets ``first..end`` (those the plan does not leave out); after
+        the last, finalize at backward's end."""
         divide_by = self._divisor()
         with torch.no_grad():
             for b in range(first, end):
                 self._buckets[b].fill(divide_by, self._as_bucket_view)
-                if not self._skips(self._buckets[b]):
+                if not self._plan.skips(b):
                     self._all_reduce_bucket(b)
-                    self._num_buckets_reduced += 1  # torch counts only these launches
-        if all_launched:
-            if self._dynamic_find_unused():
-                self._all_reduce_local_used_map()
+        if reduce_used_map:
+            self._all_reduce_local_used_map()
+        if finish:
             _engine_callback(self._end_of_backward)
-
-    def _skips(self, bucket: Bucket) -> bool:
-        """Whether ``bucket`` stays out of this iteration's reduction.
-
-        With ``skip_all_reduce_unused_params`` a bucket whose parameters this rank all left
-        unused is not reduced at all (torch's contract: every rank leaves the same parameters
-        unused, or the collectives no longer pair up); its gradients stay as they were.
-        """
-        return self._skip_unused and all(i in self._unused_set for i in bucket.variable_indices)
 
     def _all_reduce_bucket(self, b: int) -> None:
         if self.times.comm_start == 0:
@@ -359,7 +324,7 @@ class Reducer(ReducerJoinSupport):
     @property
     def _local_used(self) -> torch.Tensor:
         """torch's local used map: int32, 1 where the parameter's hook fired."""
-        data = bytearray(self._readiness.used_bytes())
+        data = bytearray(self._plan.used_bytes())
         if not data:
             return torch.zeros(0, dtype=torch.int32)
         return torch.frombuffer(data, dtype=torch.int32)
@@ -367,7 +332,7 @@ class Reducer(ReducerJoinSupport):
     @property
     def _grad_ready_order(self) -> list[int]:
         """Parameters in the order their gradients arrived in the last backward."""
-        return list(self._readiness.arrival_order())
+        return list(self._plan.arrival_order())
 
     def _all_reduce_local_used_map(self) -> None:
         # on the parameters' device: NCCL reduces only device tensors
@@ -376,17 +341,14 @@ class Reducer(ReducerJoinSupport):
 
     def _end_of_backward(self) -> None:
         self.times.backward_compute_end = time.time_ns()
-        if self._static_graph and self._should_rebuild():
-            self._readiness.extend_rebuild_order(self._unused)
+        self._plan.end_of_backward()
         self._finalize_backward()
 
     def _delay_all_reduce(self) -> None:
         """Static graph, first iteration: reduce every bucket once backward has finished."""
         self.times.backward_compute_end = time.time_ns()
         self._all_reduce_local_used_map()
-        self._unused = self._readiness.never_hooked()
-        self._unused_set = frozenset(self._unused)
-        run = self._readiness.mark_all()
+        run = self._plan.reduce_all_at_end()
         divide_by = self._divisor()
         with torch.no_grad():
             for b in range(len(self._buckets)):
@@ -397,9 +359,8 @@ class Reducer(ReducerJoinSupport):
         self._finalize_backward()
 
     def _finalize_backward(self) -> None:
-        self._readiness.reset()
-        self._early = {}
         unused = self._globally_unused()
+        self._plan.finish_backward()
         if self._mixed_precision is not None:
             self._mixed_precision.to_full_precision()
         with torch.no_grad():
@@ -409,9 +370,8 @@ class Reducer(ReducerJoinSupport):
             copies: tuple[list[torch.Tensor], list[torch.Tensor]] = ([], [])
             for bucket in self._buckets:
                 future = bucket.future
-                if future is None:
-                    assert self._skip_unused, "a bucket was never reduced"
-                    continue  # skipped as unused: nothing to write back
+                if future is None:  # left out as unused (skip_all_reduce_unused_params)
+                    continue
                 if copies[0] and not future.done():
                     torch._foreach_copy_(*copies)
                     copies = ([], [])
@@ -422,18 +382,13 @@ class Reducer(ReducerJoinSupport):
         if self._used_work is not None:
             self._used_work.wait()
             self._used_work = None
-        if self._dynamic_find_unused():
-            self._readiness.clear_used()
         self._div_factor = None
         self._forward_work = None
         self.times.comm_end = time.time_ns()
 
     def _globally_unused(self) -> frozenset[int]:
         """Parameters no rank used this iteration (only tracked with find_unused/static)."""
-        if not (self._static_graph or self._find_unused):
-            return frozenset()
-        local = memoryview(self._readiness.used_bytes()).cast("i")
-        if all(local):
+        if not self._plan.may_have_unused():
             return frozenset()
         if self._used_work is not None:
             self._used_work.wait()
@@ -471,17 +426,15 @@ class Reducer(ReducerJoinSupport):
 
     def _set_static_graph(self) -> None:
         """Declare the graph static; must come before the first iteration."""
-        if self._num_iterations > 0:
+        if not self._plan.set_static_graph():
             raise RuntimeError(
                 "set_static_graph() should be called before training loop starts "
                 "and after DistributedDataParallel is constructed."
             )
-        self._static_graph = True
-        self._set_mode(armed=False)
 
     def _ddp_graph_static(self) -> bool:
         """Whether every iteration so far used the same parameters (torch's heuristic)."""
-        return self._num_iterations > 0 and not self._unused
+        return bool(self._plan.graph_static())
 
     def _check_reducer_finalized(self) -> None:
         self._ensure_prior_reduction_finished()

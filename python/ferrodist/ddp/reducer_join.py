@@ -20,7 +20,7 @@ class ReducerJoinSupport:
 
     _buckets: list[Bucket]
     _params: list[torch.Tensor]
-    _readiness: Any
+    _plan: Any
     _forward_work: Any
     _static_world_size: bool
 
@@ -35,7 +35,7 @@ class ReducerJoinSupport:
         ]
 
     def _get_local_used_map(self) -> torch.Tensor:
-        return torch.frombuffer(bytearray(self._readiness.used_bytes()), dtype=torch.int32)
+        return torch.frombuffer(bytearray(self._plan.used_bytes()), dtype=torch.int32)
 
     def _push_all_rebuilt_params(self) -> None:
-        self._readiness.set_rebuild_order(list(range(len(self._params))))
+        self._plan.set_rebuild_order(list(range(len(self._params))))
