@@ -250,8 +250,7 @@ impl DdpIteration {
     /// Whether some parameter may have been unused on some rank in this iteration: tracked
     /// with `find_unused_parameters` or a static graph, and not every hook fired here.
     pub fn may_have_unused(&self) -> bool {
-        (self.static_graph || self.settings.find_unused)
-            && self.readiness.used().contains(&0)
+        (self.static_graph || self.settings.find_unused) && self.readiness.used().contains(&0)
     }
 
     /// Whether every forward so far used every parameter (torch's `_ddp_graph_static`).

@@ -9,9 +9,8 @@ use std::time::Duration;
 
 use common::etcd::EtcdCluster;
 use ferrodist::runtime::runtime;
-use ferrodist::store::etcd::{EtcdStore, Layout};
+use ferrodist::store::etcd::{EtcdEngine, EtcdStore, Layout};
 use ferrodist::store::Store;
-use ferrodist::tcp::server::etcd_backend::EtcdBackend;
 use ferrodist::tcp::{Server, ServerConfig, TcpStore, TcpStoreOptions};
 
 fn job() -> String {
@@ -100,7 +99,7 @@ fn the_etcd_backed_server_keeps_the_last_value_of_a_repeated_key() {
         ..ServerConfig::default()
     };
     let server =
-        Server::start_with_backend(&config, EtcdBackend::new(etcd_store(&prefix))).expect("starts");
+        Server::start_with_engine(&config, EtcdEngine::new(etcd_store(&prefix))).expect("starts");
     let client = TcpStore::new(TcpStoreOptions {
         port: server.local_addr().port(),
         timeout: Duration::from_secs(30),

@@ -12,10 +12,9 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use common::{frames, read_n};
-use ferrodist::store::etcd::EtcdStore;
+use ferrodist::store::etcd::{EtcdEngine, EtcdStore};
 use ferrodist::store::Store;
 use ferrodist::tcp::codec::{Request, FERRODIST_PING, FERRODIST_PONG_DURABLE, VALIDATE_MAGIC};
-use ferrodist::tcp::server::etcd_backend::EtcdBackend;
 use ferrodist::tcp::{Server, ServerConfig, TcpStore};
 
 fn job() -> String {
@@ -32,7 +31,7 @@ fn server(prefix: &str) -> Server {
         host: "127.0.0.1".into(),
         ..ServerConfig::default()
     };
-    Server::start_with_backend(&config, EtcdBackend::new(etcd_store(prefix))).expect("starts")
+    Server::start_with_engine(&config, EtcdEngine::new(etcd_store(prefix))).expect("starts")
 }
 
 fn client(port: u16) -> TcpStore {

@@ -17,7 +17,9 @@
 pub mod blocking;
 mod capabilities;
 pub mod db;
+pub mod db_engine;
 mod deadline;
+pub mod engine;
 mod entries;
 pub mod hash;
 pub mod waiters;
@@ -45,7 +47,7 @@ pub use hash::HashStore;
 pub use prefix::PrefixStore;
 pub use roll::Roll;
 // --- etcd store ---
-pub use etcd::{EtcdOptions, EtcdStore};
+pub use etcd::{EtcdEngine, EtcdOptions, EtcdStore};
 
 /// torch's `kDefaultTimeout`: 300 s for every store unless set otherwise.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);

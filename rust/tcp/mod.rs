@@ -13,8 +13,9 @@
 //!   [`server::bind`] / [`server::adopt`], [`Server::local_addr`], [`Server::shutdown`],
 //!   [`server::accept_loop`] for a caller that runs its own loop.
 //! * [`Db`] (from [`crate::store::db`]): the engine the server serves, shared with HashStore.
-//! * [`server::backend`]: what a connection serves requests from, the [`Db`] or etcd
-//!   ([`server::etcd_backend::EtcdBackend`], with [`Server::start_with_backend`]).
+//! * [`server::dispatch`]: the one way from a data request to a storage engine
+//!   ([`crate::store::engine`]: the [`Db`], or etcd through [`crate::store::EtcdEngine`] with
+//!   [`Server::start_with_engine`]) and back to torch's reply.
 //! * [`client`]: the blocking [`Client`] (connect with retry and backoff, handshake, every op,
 //!   wait with CANCEL_WAIT, each call under a deadline); raw wire keys, no `/` prefix.
 //! * [`store`]: [`TcpStore`], the blocking torch-compatible [`crate::store::Store`] over a

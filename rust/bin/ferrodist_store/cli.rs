@@ -12,10 +12,9 @@ use clap::Parser;
 
 use ferrodist::error::{Error, Result};
 use ferrodist::store::db::Db;
-use ferrodist::store::EtcdStore;
+use ferrodist::store::{EtcdEngine, EtcdStore};
 use ferrodist::tcp::auth::AuthToken;
 use ferrodist::tcp::codec::Limits;
-use ferrodist::tcp::server::etcd_backend::EtcdBackend;
 use ferrodist::tcp::server::{Server, ServerConfig};
 use ferrodist::tcp::store::WORKER_COUNTER_KEY;
 
@@ -156,7 +155,7 @@ pub fn run_until_signal(args: &ServerArgs) -> Result<()> {
             let store = EtcdStore::connect(&options)?;
             tracing::info!(endpoints = ?options.endpoints, prefix = %options.prefix,
                 "serving from etcd");
-            Some(EtcdBackend::new(store))
+            Some(EtcdEngine::new(store))
         }
     };
     let runtime = ferrodist::runtime::runtime();
@@ -167,7 +166,7 @@ pub fn run_until_signal(args: &ServerArgs) -> Result<()> {
     runtime.block_on(async {
         let server = match &etcd {
             None => Server::start(&config)?,
-            Some(backend) => Server::start_with_backend(&config, backend.clone())?,
+            Some(engine) => Server::start_with_engine(&config, engine.clone())?,
         };
         announce(&format!(
             "ferrodist-store listening on {}",
@@ -223,8 +222,8 @@ async fn log_when_joined(db: Db, world_size: u64, timeout: Duration) {
 }
 
 /// [`log_when_joined`] for a server whose state is in etcd: a watch of the worker counter.
-async fn log_when_joined_etcd(backend: EtcdBackend, world_size: u64, timeout: Duration) {
-    let all = backend
+async fn log_when_joined_etcd(engine: EtcdEngine, world_size: u64, timeout: Duration) {
+    let all = engine
         .store()
         .wire_counter_at_least(WORKER_COUNTER_KEY.as_bytes(), world_size as i64);
     match tokio::time::timeout(timeout, all).await {

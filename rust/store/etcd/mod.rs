@@ -30,6 +30,7 @@
 //! --backend etcd://...` (a TCPStore server whose state is this store's).
 
 pub mod credentials;
+mod engine;
 mod interruptible;
 mod layout;
 mod options;
@@ -48,6 +49,7 @@ use bytes::Bytes;
 use etcd_client::{Client, DeleteOptions, GetOptions, Txn, TxnOp, TxnOpResponse};
 
 pub use credentials::{Credentials, PasswordSource};
+pub use engine::EtcdEngine;
 pub use layout::{check_prefix, Layout, MAX_PREFIX_LEN};
 pub use options::{EtcdOptions, TlsFiles};
 

@@ -1,5 +1,6 @@
 //! The TCPStore server's operations on etcd: what `ferrodist-store --backend etcd://...` serves
-//! each wire request from (`tcp/server/etcd_backend.rs` maps requests to these).
+//! each wire request from ([`EtcdEngine`](super::EtcdEngine) offers these as the storage
+//! engine's operations).
 //!
 //! They differ from the [`Store`](crate::store::Store) methods in three ways, all because a
 //! server runs them for many connections at once:
@@ -25,7 +26,7 @@ use super::retry::{fatal, is_transient, retrying};
 use super::rmw::Change;
 use super::watch::MAX_TXN_OPS;
 use super::EtcdStore;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::store::parse_counter;
 
 /// Pause before reading again after a broken watch or a transient failure.
@@ -350,10 +351,4 @@ fn last_writes<K: Eq + std::hash::Hash, V>(pairs: impl Iterator<Item = (K, V)>) 
         .zip(keep)
         .filter_map(|(pair, kept)| kept.then_some(pair))
         .collect()
-}
-
-/// Whether `err` is the client's fault (a request the server refuses and closes the
-/// connection for, as torch's servers do) rather than etcd's.
-pub fn refused_request(err: &Error) -> bool {
-    matches!(err, Error::InvalidArgument(_))
 }

@@ -1,5 +1,5 @@
-//! One accepted connection: read requests, serve them from the server's [`Backend`] (the
-//! in-memory [`Db`], or etcd), write replies.
+//! One accepted connection: read requests, serve them from the server's storage [`Engine`]
+//! (the in-memory [`Db`], or etcd) through the one dispatcher (`dispatch.rs`), write replies.
 //!
 //! Requests are handled **in order**, one at a time, as torch's servers do. What happens to a
 //! request that arrives while a WAIT is still pending depends on who sent it:
@@ -25,7 +25,7 @@
 //! `handler/admission.rs`; every request served is counted in the server's
 //! [`metrics`](super::metrics), with the time it took.
 //!
-//! A backend may answer a request later ([`Served::Later`], etcd): the connection then polls
+//! An engine may answer a request later ([`Served::Later`], etcd): the connection then polls
 //! that request's future beside its socket and its pending wait, decodes nothing more until it
 //! is answered (requests stay in order), and stops reading once a whole request is buffered
 //! behind it (the client's writes wait in TCP, not in the server's memory).
@@ -42,7 +42,7 @@ use tokio::io::{AsyncRead, ReadBuf};
 use tokio::net::TcpStream;
 
 use self::admission::{Stage, Step};
-use super::backend::{Backend, Finished, Outcome, Served};
+use super::dispatch::{self, Finished, Outcome, Served};
 use super::handshake_deadline::{self, Slot};
 use super::log_budget::LogBudget;
 use super::metrics::Refusal;
@@ -51,6 +51,7 @@ use super::shutdown::Shutdown;
 use super::work_slice::Turn;
 use super::Shared;
 use crate::store::db::Db;
+use crate::store::engine::Engine;
 use crate::tcp::auth::CLIENT_ANSWER_LEN;
 use crate::tcp::codec::{
     decode_request_from, scan_request_from, FrameError, Reply, Request, Scan, ScanMark,
@@ -115,9 +116,9 @@ enum Event<W> {
 /// log, and the event loop below polls the socket, the pending wait and the shutdown signal by
 /// hand (`poll_serve`) rather than through `select!`, whose three futures tripled the size of
 /// every connection's task.
-pub struct Handler<B: Backend = Db> {
+pub struct Handler<E: Engine = Db> {
     stream: TcpStream,
-    backend: B,
+    engine: E,
     /// The server's limits, access rules and metrics.
     shared: Arc<Shared>,
     input: BytesMut,
@@ -134,21 +135,21 @@ pub struct Handler<B: Backend = Db> {
     peer_left: bool,
     /// The challenge sent to a client that must prove it holds the token, until it answers.
     challenge: Option<Box<[u8; crate::tcp::auth::CHALLENGE_LEN]>>,
-    waiting: Option<B::Waiter>,
-    /// The request the backend is still serving (never one for the in-memory engine, whose
-    /// pending type is uninhabited: this field takes no space there).
-    in_flight: Option<B::Pending>,
+    waiting: Option<E::Waiter>,
+    /// The request the engine is still serving (never one for the in-memory engine, whose
+    /// operations in flight are uninhabited: this field takes no space there).
+    in_flight: Option<E::Later<Finished<E::Waiter>>>,
     held: VecDeque<Request>,
     held_bytes: usize,
 }
 
-impl<B: Backend> Handler<B> {
+impl<E: Engine> Handler<E> {
     /// A handler for an accepted stream, counted as an open connection until it is dropped.
-    pub fn new(stream: TcpStream, backend: B, shared: Arc<Shared>) -> Handler<B> {
+    pub fn new(stream: TcpStream, engine: E, shared: Arc<Shared>) -> Handler<E> {
         shared.metrics.connection_opened();
         Handler {
             stream,
-            backend,
+            engine,
             shared,
             input: BytesMut::new(),
             scan_mark: ScanMark::default(),
@@ -167,7 +168,7 @@ impl<B: Backend> Handler<B> {
 
     /// Closes the connection if VALIDATE has not come `within` (see [`handshake_deadline`]).
     /// Call on the runtime.
-    pub fn with_handshake_deadline(mut self, within: Duration) -> Handler<B> {
+    pub fn with_handshake_deadline(mut self, within: Duration) -> Handler<E> {
         if let Some(slot) = handshake_deadline::watch(&self.stream, within) {
             self.handshake = slot;
         }
@@ -292,7 +293,7 @@ impl<B: Backend> Handler<B> {
             self.held_bytes = 0;
             self.output = Outbox::default();
             if let Some(in_flight) = self.in_flight.as_mut() {
-                let finished = ready!(Pin::new(in_flight).poll(cx));
+                let finished = ready!(Pin::new(in_flight).poll(cx)).map_err(dispatch::closed)?;
                 self.in_flight = None;
                 let took = finished.since.elapsed();
                 self.shared.metrics.request_served(finished.opcode, took);
@@ -313,15 +314,15 @@ impl<B: Backend> Handler<B> {
         &mut self,
         cx: &mut Context<'_>,
         need: Option<usize>,
-    ) -> Poll<Result<Event<B::Waiter>, Closed>> {
+    ) -> Poll<Result<Event<E::Waiter>, Closed>> {
         if let Some(in_flight) = self.in_flight.as_mut() {
             if let Poll::Ready(finished) = Pin::new(in_flight).poll(cx) {
-                return Poll::Ready(Ok(Event::Answered(finished)));
+                return Poll::Ready(finished.map(Event::Answered).map_err(dispatch::closed));
             }
         }
         if let Some(waiter) = self.waiting.as_mut() {
-            if let Poll::Ready(released) = B::poll_released(waiter, cx) {
-                released?;
+            if let Poll::Ready(released) = E::poll_released(waiter, cx) {
+                released.map_err(dispatch::closed)?;
                 return Poll::Ready(Ok(Event::Released));
             }
         }
@@ -405,7 +406,7 @@ impl<B: Backend> Handler<B> {
     }
 
     /// Applies one request to the store and queues its reply, counting it in the metrics as
-    /// taking the time since `mark` (which moves to now). A request the backend answers later
+    /// taking the time since `mark` (which moves to now). A request the engine answers later
     /// is counted when it is answered.
     fn apply(&mut self, request: Request, mark: &mut Instant) -> Result<(), Closed> {
         let opcode = request.opcode();
@@ -420,8 +421,8 @@ impl<B: Backend> Handler<B> {
         applied
     }
 
-    /// Acts on a backend's outcome: queues the reply, or keeps the wait.
-    fn take_outcome(&mut self, outcome: Outcome<B::Waiter>) {
+    /// Acts on a request's outcome: queues the reply, or keeps the wait.
+    fn take_outcome(&mut self, outcome: Outcome<E::Waiter>) {
         match outcome {
             Outcome::Reply(reply) => self.output.reply(reply),
             Outcome::Silent => {}
@@ -438,7 +439,7 @@ impl<B: Backend> Handler<B> {
                 nonce: FERRODIST_PING,
             } => {
                 self.holds_behind_wait = true;
-                Reply::Nonce(if B::DURABLE {
+                Reply::Nonce(if E::DURABLE {
                     FERRODIST_PONG_DURABLE
                 } else {
                     FERRODIST_PONG
@@ -446,7 +447,7 @@ impl<B: Backend> Handler<B> {
             }
             Request::Ping { nonce } => Reply::Nonce(nonce),
             request => {
-                match self.backend.serve(request) {
+                match dispatch::serve(&self.engine, request) {
                     Served::Now(answer) => self.take_outcome(answer?),
                     Served::Later(pending) => self.in_flight = Some(pending),
                 }
@@ -458,7 +459,7 @@ impl<B: Backend> Handler<B> {
     }
 }
 
-impl<B: Backend> Drop for Handler<B> {
+impl<E: Engine> Drop for Handler<E> {
     fn drop(&mut self) {
         self.stop_handshake_deadline();
         self.shared.metrics.connection_closed();

@@ -25,8 +25,8 @@
 //! # Files
 //!
 //! * `mod.rs`: bind, accept, the [`Server`] handle; `handler.rs`: one connection;
-//!   `backend.rs`: what a connection serves requests from (the in-memory [`Db`], or etcd
-//!   through `etcd_backend.rs`);
+//!   `dispatch.rs`: the one way from a data request to the storage engine
+//!   ([`crate::store::engine`]: the in-memory [`Db`], or etcd) and back to torch's reply;
 //!   `outbox.rs`: its replies not yet written (large MULTI_GET replies streamed);
 //!   `shutdown.rs`: stop signal and drain; `handshake_deadline.rs`: closes connections that
 //!   never validate; `log_budget.rs`: at most so many warnings a second per call site;
@@ -34,10 +34,10 @@
 //!   `metrics.rs`: the counters and their Prometheus text; `metrics_http.rs`: their endpoint.
 //!
 //! The key-value state the server serves is [`crate::store::db`], shared with HashStore, or,
-//! with [`Server::serve_backend`] and an [`etcd_backend::EtcdBackend`], an etcd cluster.
+//! with [`Server::serve_engine`] and an [`EtcdEngine`](crate::store::EtcdEngine), an etcd
+//! cluster.
 
-pub mod backend;
-pub mod etcd_backend;
+pub mod dispatch;
 pub mod handler;
 pub mod handshake_deadline;
 pub mod log_budget;
@@ -55,12 +55,12 @@ use ipnet::IpNet;
 use socket2::{Domain, Protocol, Socket, Type};
 use tokio::net::TcpListener;
 
-use self::backend::Backend;
 use self::handler::Handler;
 use self::metrics::{Metrics, Refusal};
 use self::shutdown::{Drain, Shutdown, Trigger};
 use crate::error::{Error, Result};
 use crate::store::db::Db;
+use crate::store::engine::Engine;
 use crate::tcp::auth::AuthToken;
 use crate::tcp::codec::Limits;
 
@@ -295,22 +295,22 @@ impl Server {
     /// Starts serving on an already listening socket (from [`bind`] or [`adopt`]).
     pub fn serve(listener: std::net::TcpListener, config: &ServerConfig) -> Result<Server> {
         let db = Db::new();
-        Server::serve_backend(listener, config, db.clone(), db)
+        Server::serve_engine(listener, config, db.clone(), db)
     }
 
-    /// Binds per `config` and serves requests from `backend` (an etcd cluster, say).
-    pub fn start_with_backend<B: Backend>(config: &ServerConfig, backend: B) -> Result<Server> {
+    /// Binds per `config` and serves requests from `engine` (an etcd cluster, say).
+    pub fn start_with_engine<E: Engine>(config: &ServerConfig, engine: E) -> Result<Server> {
         let listener = bind(config)?;
-        Server::serve_backend(listener, config, backend, Db::new())
+        Server::serve_engine(listener, config, engine, Db::new())
     }
 
-    /// Starts serving requests from `backend` on an already listening socket. `db` is what
-    /// [`Server::db`] and the metrics' key gauges read (the backend itself for the in-memory
-    /// engine; an empty one that stays empty for a backend elsewhere).
-    pub fn serve_backend<B: Backend>(
+    /// Starts serving requests from `engine` on an already listening socket. `db` is what
+    /// [`Server::db`] and the metrics' key gauges read (the engine itself when it is the
+    /// in-memory one; an empty one that stays empty for an engine elsewhere).
+    pub fn serve_engine<E: Engine>(
         listener: std::net::TcpListener,
         config: &ServerConfig,
-        backend: B,
+        engine: E,
         db: Db,
     ) -> Result<Server> {
         warn_if_backlog_too_small(config.expected_clients);
@@ -329,8 +329,8 @@ impl Server {
         let metrics_addr = scrapes.as_ref().map(TcpListener::local_addr).transpose()?;
         let listener = TcpListener::from_std(listener)?;
         if let Some(scrapes) = scrapes {
-            // A durable backend keeps the state elsewhere; `db` is then an empty stand-in.
-            let flight = !B::DURABLE;
+            // A durable engine keeps the state elsewhere; `db` is then an empty stand-in.
+            let flight = !E::DURABLE;
             let served = metrics_http::serve(
                 scrapes,
                 db.clone(),
@@ -340,7 +340,7 @@ impl Server {
             );
             runtime.spawn(served);
         }
-        runtime.spawn(accept_loop(listener, backend, shared.clone(), shutdown));
+        runtime.spawn(accept_loop(listener, engine, shared.clone(), shutdown));
         tracing::info!(%local_addr, "store server listening");
         if let Some(addr) = metrics_addr {
             tracing::info!(%addr, "metrics on http://{addr}/metrics");
@@ -481,9 +481,9 @@ fn bind_metrics(addr: &str) -> Result<TcpListener> {
 
 /// Accepts connections until shutdown; each gets its own task. Beyond `max_connections` open
 /// ones, a new connection is closed at once (the peer sees it closed before any reply).
-pub async fn accept_loop<B: Backend>(
+pub async fn accept_loop<E: Engine>(
     listener: TcpListener,
-    backend: B,
+    engine: E,
     shared: Arc<Shared>,
     mut shutdown: Shutdown,
 ) {
@@ -510,7 +510,7 @@ pub async fn accept_loop<B: Backend>(
                     }
                 }
                 let validate_within = shared.validate_within;
-                let handler = Handler::new(stream, backend.clone(), Arc::clone(&shared))
+                let handler = Handler::new(stream, engine.clone(), Arc::clone(&shared))
                     .with_handshake_deadline(validate_within);
                 tokio::spawn(handler.run(shutdown.clone()));
             }

@@ -27,6 +27,7 @@ use bytes::{Buf, BufMut, Bytes, BytesMut};
 use tokio::io::AsyncWrite;
 
 use super::work_slice::Turn;
+pub use crate::store::engine::ValueSource;
 use crate::tcp::codec::Reply;
 
 /// Values at least this long are written from shared memory instead of being copied.
@@ -34,12 +35,6 @@ const SHARE_AT_BYTES: usize = 4 * 1024;
 
 /// A MULTI_GET reply larger than this is streamed a window of this size at a time.
 pub const STREAM_AT_BYTES: usize = 64 * 1024;
-
-/// Values read a window at a time, as the peer takes them (a long MULTI_GET).
-pub trait ValueSource: Send {
-    /// Appends the next window of values to `out`; false once every value was given.
-    fn next_window(&mut self, out: &mut VecDeque<Bytes>) -> bool;
-}
 
 /// Replies not yet written.
 ///

@@ -16,12 +16,12 @@
 //! validates.
 
 use super::{Closed, Handler};
+use crate::store::engine::Engine;
 use crate::tcp::auth::{
     self, Challenges, Side, ADMITTED, ADMITTED_DURABLE, CHALLENGE_LEN, CLIENT_ANSWER_LEN,
     FERRODIST_PONG_AUTH, PROOF_LEN, REFUSED,
 };
 use crate::tcp::codec::{Reply, Request, FERRODIST_PING, VALIDATE_MAGIC};
-use crate::tcp::server::backend::Backend;
 use crate::tcp::server::handshake_deadline;
 use crate::tcp::server::metrics::Refusal;
 
@@ -75,7 +75,7 @@ const TORCH_CLIENT: Closed = Closed::Unauthenticated(
      allow_unauthenticated_torch_clients=True, admits such clients)",
 );
 
-impl<B: Backend> Handler<B> {
+impl<E: Engine> Handler<E> {
     /// One step of the handshake over the buffered input.
     pub(super) fn handshake_step(&mut self) -> Result<Step, Closed> {
         match self.stage {
@@ -152,7 +152,7 @@ impl<B: Backend> Handler<B> {
         let token = self.shared.auth_token.as_ref();
         match token.filter(|token| token.verify(Side::Client, challenges, proof)) {
             Some(token) => {
-                self.output.put_u8(if B::DURABLE {
+                self.output.put_u8(if E::DURABLE {
                     ADMITTED_DURABLE
                 } else {
                     ADMITTED
