@@ -46,7 +46,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use etcd_client::{Client, DeleteOptions, GetOptions, Txn, TxnOp, TxnOpResponse};
+use etcd_client::{Client, DeleteOptions, GetOptions};
 
 pub use credentials::{Credentials, PasswordSource};
 pub use engine::EtcdEngine;
@@ -54,11 +54,11 @@ pub use layout::{check_prefix, Layout, MAX_PREFIX_LEN};
 pub use options::{EtcdOptions, TlsFiles};
 
 use self::retry::retrying;
-use self::rmw::{Change, Receipts};
-use self::watch::MAX_TXN_OPS;
+use self::rmw::Receipts;
+use self::served::EmptyValue;
 use super::{
-    parse_counter, retry_until, same_length, Blocking, Capabilities, Deadline, Interrupt, Roll,
-    Store, Unblocked, DEFAULT_TIMEOUT,
+    retry_until, same_length, Blocking, Capabilities, Deadline, Interrupt, Roll, Store, Unblocked,
+    DEFAULT_TIMEOUT,
 };
 use crate::error::{Error, Result};
 use crate::runtime::runtime;
@@ -172,29 +172,6 @@ impl EtcdStore {
         runtime().block_on(retrying(what, self.call_deadline(), || attempt(kv.clone())))
     }
 
-    /// Exactly-once read-modify-write of one etcd key under the call deadline.
-    fn update(
-        &self,
-        what: &str,
-        key: Vec<u8>,
-        change: impl Fn(Option<&[u8]>) -> Result<Change>,
-    ) -> Result<Vec<u8>> {
-        self.shared.usable()?;
-        let deadline = self.call_deadline();
-        runtime().block_on(self.read_modify_write(what, key, deadline, change))
-    }
-
-    /// The value of etcd key `key`, if any.
-    fn read(&self, what: &str, key: Vec<u8>) -> Result<Option<Vec<u8>>> {
-        self.call(what, |mut kv| {
-            let key = key.clone();
-            async move {
-                let found = kv.get(key, None).await?;
-                Ok(Ok(found.kvs().first().map(|kv| kv.value().to_vec())))
-            }
-        })
-    }
-
     /// `wait`, running `gap` once between the read that finds a key missing and the watch
     /// that follows it. For tests: a write landed in that gap must still end the wait.
     pub fn wait_with_gap(
@@ -254,30 +231,6 @@ impl EtcdStore {
             _ => keys.to_vec(),
         }
     }
-
-    /// Values of `keys` read in one snapshot per [`MAX_TXN_OPS`] keys; `None` for a missing one.
-    fn snapshot(&self, keys: &[String]) -> Result<Vec<Option<Vec<u8>>>> {
-        let mut out = Vec::with_capacity(keys.len());
-        for chunk in keys.chunks(MAX_TXN_OPS) {
-            let lookups: Vec<TxnOp> = chunk
-                .iter()
-                .map(|k| TxnOp::get(self.layout.value(k), None))
-                .collect();
-            let values = self.call("multi_get", |mut kv| {
-                let txn = Txn::new().and_then(lookups.clone());
-                async move {
-                    let response = kv.txn(txn).await?;
-                    let values = response.op_responses().into_iter().map(|r| match r {
-                        TxnOpResponse::Get(get) => get.kvs().first().map(|kv| kv.value().to_vec()),
-                        _ => None,
-                    });
-                    Ok(Ok(values.collect::<Vec<_>>()))
-                }
-            })?;
-            out.extend(values);
-        }
-        Ok(out)
-    }
 }
 
 /// Shortest deadline of a call that does not wait for other ranks: long enough to ride out an
@@ -301,13 +254,6 @@ fn not_interrupted() -> Result<()> {
     Ok(())
 }
 
-fn counter(key: &str, value: Option<&[u8]>) -> Result<i64> {
-    match value {
-        None | Some(b"") => Ok(0),
-        Some(value) => parse_counter(key, value),
-    }
-}
-
 impl EtcdStore {
     /// `get`, watching for the key when it is not there yet and checking `interrupted`
     /// beside the watch.
@@ -318,7 +264,8 @@ impl EtcdStore {
         interrupted: Interrupt<'_>,
     ) -> Result<Vec<u8>> {
         self.retry_watching("get", &[key.to_owned()], timeout, interrupted, || {
-            self.read("get", self.layout.value(key))
+            let read = runtime().block_on(self.read_at("get", &self.layout.value(key)));
+            read.map(|(value, _revision)| value)
         })
     }
 
@@ -330,11 +277,11 @@ impl EtcdStore {
         interrupted: Interrupt<'_>,
     ) -> Result<Vec<Vec<u8>>> {
         let all_there = || -> Result<Option<Vec<Vec<u8>>>> {
-            let values = self.snapshot(keys)?;
+            let values = runtime().block_on(self.snapshot(keys))?;
             Ok(values
                 .iter()
                 .all(Option::is_some)
-                .then(|| values.into_iter().flatten().collect()))
+                .then(|| values.into_iter().flatten().map(|v| v.to_vec()).collect()))
         };
         self.retry_watching("multi_get", keys, timeout, interrupted, all_there)
     }
@@ -356,41 +303,25 @@ impl EtcdStore {
 
 impl Store for EtcdStore {
     fn set(&self, key: &str, value: &[u8]) -> Result<()> {
-        let (key, value) = (self.layout.value(key), value.to_vec());
-        self.call("set", |mut kv| {
-            let (key, value) = (key.clone(), value.clone());
-            async move { kv.put(key, value, None).await.map(|_| Ok(())) }
-        })
+        runtime().block_on(self.wire_set(key.as_bytes(), value))
     }
 
     fn get_timeout(&self, key: &str, timeout: Duration) -> Result<Vec<u8>> {
         self.get_watching(key, timeout, &mut not_interrupted)
     }
 
+    /// torch's HashStore counts an empty value as 0 (its TCP servers refuse it).
     fn add(&self, key: &str, amount: i64) -> Result<i64> {
-        let sum = self.update("add", self.layout.value(key), |current| {
-            let sum = counter(key, current)?.wrapping_add(amount).to_string();
-            Ok(Change::Put(sum.clone().into_bytes(), sum.into_bytes()))
-        })?;
-        parse_counter(key, &sum)
+        runtime().block_on(self.add_to(key.as_bytes(), amount, EmptyValue::CountsAsZero))
     }
 
     fn compare_set(&self, key: &str, expected: &[u8], desired: &[u8]) -> Result<Vec<u8>> {
-        self.update("compare_set", self.layout.value(key), |current| {
-            Ok(match current {
-                None if expected.is_empty() => Change::Put(desired.to_vec(), desired.to_vec()),
-                None => Change::Keep(expected.to_vec()),
-                Some(now) if now == expected => Change::Put(desired.to_vec(), desired.to_vec()),
-                Some(now) => Change::Keep(now.to_vec()),
-            })
-        })
+        let after = runtime().block_on(self.wire_compare_set(key.as_bytes(), expected, desired));
+        after.map(|value| value.to_vec())
     }
 
     fn check(&self, keys: &[String]) -> Result<bool> {
-        let missing = self.call("check", |_| async {
-            self.missing_since(keys).await.map(Ok)
-        })?;
-        Ok(missing.iter().all(Option::is_none))
+        runtime().block_on(self.wire_check(keys))
     }
 
     fn wait(&self, keys: &[String], timeout: Option<Duration>) -> Result<()> {
@@ -436,22 +367,12 @@ impl Store for EtcdStore {
     }
 
     fn delete_key(&self, key: &str) -> Result<bool> {
-        let existed = self.update("delete_key", self.layout.value(key), |current| {
-            Ok(match current {
-                None => Change::Keep(b"0".to_vec()),
-                Some(_) => Change::Delete(b"1".to_vec()),
-            })
-        })?;
-        Ok(existed == b"1")
+        let deleted = runtime().block_on(self.wire_delete_key(key.as_bytes()))?;
+        Ok(deleted == 1)
     }
 
     fn num_keys(&self) -> Result<i64> {
-        let values = self.layout.values();
-        self.call("num_keys", |mut kv| {
-            let options = GetOptions::new().with_prefix().with_count_only();
-            let values = values.clone();
-            async move { Ok(Ok(kv.get(values, Some(options)).await?.count())) }
-        })
+        runtime().block_on(self.wire_num_keys())
     }
 
     fn timeout(&self) -> Duration {
@@ -471,12 +392,7 @@ impl Store for EtcdStore {
     }
 
     fn append(&self, key: &str, value: &[u8]) -> Result<()> {
-        self.update("append", self.layout.value(key), |current| {
-            let mut joined = current.unwrap_or_default().to_vec();
-            joined.extend_from_slice(value);
-            Ok(Change::Put(joined, Vec::new()))
-        })
-        .map(drop)
+        runtime().block_on(self.wire_append(key.as_bytes(), value))
     }
 
     fn multi_get(&self, keys: &[String]) -> Result<Vec<Vec<u8>>> {
@@ -499,39 +415,29 @@ impl Store for EtcdStore {
     }
 
     fn queue_push(&self, key: &str, value: &[u8]) -> Result<()> {
-        self.update("queue_push", self.layout.queue(key), |current| {
-            let grown = queue::pushed(current.unwrap_or_default(), value)?;
-            Ok(Change::Put(grown, Vec::new()))
-        })
-        .map(drop)
+        runtime().block_on(self.wire_queue_push(key.as_bytes(), value))
     }
 
     fn queue_pop(&self, key: &str, block: bool) -> Result<Vec<u8>> {
         if block {
             return self.queue_pop_timeout(key, self.timeout());
         }
-        self.update(
-            "queue_pop",
-            self.layout.queue(key),
-            |current| match queue::popped(current.unwrap_or_default())? {
-                None => Err(Error::QueueEmpty),
-                Some((front, rest)) if rest.is_empty() => Ok(Change::Delete(front)),
-                Some((front, rest)) => Ok(Change::Put(rest, front)),
-            },
-        )
+        match runtime().block_on(self.wire_queue_pop(key.as_bytes()))? {
+            (_, Some(front)) => Ok(front.to_vec()),
+            (_, None) => Err(Error::QueueEmpty),
+        }
     }
 
     fn queue_len(&self, key: &str) -> Result<i64> {
-        let value = self.read("queue_len", self.layout.queue(key))?;
-        queue::len(&value.unwrap_or_default())
+        runtime().block_on(self.wire_queue_len(key.as_bytes()))
     }
 
+    /// Keys that are not UTF-8 (a stock client may set any bytes) are left out.
     fn list_keys(&self) -> Result<Vec<String>> {
-        let values = self.layout.values();
-        let etcd_keys = self.call("list_keys", |kv| keys_under(kv, values.clone()))?;
-        Ok(etcd_keys
-            .iter()
-            .filter_map(|k| self.layout.user_key(k))
+        let keys = runtime().block_on(self.wire_list_keys())?;
+        Ok(keys
+            .into_iter()
+            .filter_map(|k| String::from_utf8(k.to_vec()).ok())
             .collect())
     }
 }

@@ -1,18 +1,20 @@
-//! The TCPStore server's operations on etcd: what `ferrodist-store --backend etcd://...` serves
-//! each wire request from ([`EtcdEngine`](super::EtcdEngine) offers these as the storage
-//! engine's operations).
+//! The operations on etcd, each written once: what `ferrodist-store --backend etcd://...`
+//! serves each wire request from ([`EtcdEngine`](super::EtcdEngine) offers them as the storage
+//! engine's operations), and what `EtcdStore`'s own non-blocking `Store` methods run (blocking
+//! on the runtime).
 //!
-//! They differ from the [`Store`](crate::store::Store) methods in three ways, all because a
-//! server runs them for many connections at once:
+//! They are:
 //!
-//! * **async**, on the process's runtime: a connection waiting on etcd holds no thread, and a
-//!   slow etcd call delays only the connection that made it;
-//! * **raw wire keys** (bytes, torch's `/` prefix included), stored under the same `kv/` and
-//!   `queue/` namespaces of the job, so the same job read through an `EtcdStore` shows the keys
-//!   a stock client set through the server with their wire names;
+//! * **async**, on the process's runtime: a server connection waiting on etcd holds no thread,
+//!   and a slow etcd call delays only the connection that made it;
+//! * on **raw keys** (bytes; the wire's carry torch's `/` prefix), stored under the same `kv/`
+//!   and `queue/` namespaces of the job, so the same job read through an `EtcdStore` shows the
+//!   keys a stock client set through the server with their wire names;
 //! * **torch's TCP servers' answers**, as the in-memory engine (`store/db.rs`) gives them: a GET
-//!   of a missing key is empty (clients WAIT first), ADD on an empty value is refused, a
-//!   BARRIER counts arrivals on its key.
+//!   of a missing key is empty (clients WAIT first), ADD on an empty value is refused (the
+//!   `Store` API counts it as 0, as torch's HashStore: [`EmptyValue`]), a BARRIER counts
+//!   arrivals on its key. The `Store` API's blocking calls (get, multi_get, a blocking pop)
+//!   wait with a watch instead (`mod.rs`, `queue.rs`).
 //!
 //! Writes are the same exactly-once transactions as the store's (`rmw.rs`), so a server that
 //! dies between a client's request and its reply never applies an ADD twice when the client
@@ -28,6 +30,15 @@ use super::watch::MAX_TXN_OPS;
 use super::EtcdStore;
 use crate::error::Result;
 use crate::store::parse_counter;
+
+/// How ADD reads an empty value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum EmptyValue {
+    /// As 0 (torch's HashStore, and so the `Store` API).
+    CountsAsZero,
+    /// As a value that is not an integer (torch's TCP servers).
+    Refused,
+}
 
 /// Pause before reading again after a broken watch or a transient failure.
 const RETRY_PAUSE: std::time::Duration = std::time::Duration::from_millis(50);
@@ -69,7 +80,7 @@ impl EtcdStore {
     }
 
     /// The value of etcd key `key` and the revision of the read.
-    async fn read_at(&self, what: &str, key: &[u8]) -> Result<(Option<Vec<u8>>, i64)> {
+    pub(super) async fn read_at(&self, what: &str, key: &[u8]) -> Result<(Option<Vec<u8>>, i64)> {
         self.call_async(what, |mut kv| async move {
             let found = kv.get(key, None).await?;
             let revision = found.header().map_or(0, |h| h.revision());
@@ -99,9 +110,19 @@ impl EtcdStore {
 
     /// ADD: a missing key counts from 0; an empty or non-numeric value is refused unchanged.
     pub async fn wire_add(&self, key: &[u8], delta: i64) -> Result<i64> {
+        self.add_to(key, delta, EmptyValue::Refused).await
+    }
+
+    /// ADD with `empty`'s reading of an empty value (the one quirk in which torch's HashStore
+    /// and its TCP servers differ).
+    pub(super) async fn add_to(&self, key: &[u8], delta: i64, empty: EmptyValue) -> Result<i64> {
         let sum = self
             .update_async("add", self.layout.value(key), |current| {
-                let now = current.map_or(Ok(0), |value| counter(key, value))?;
+                let now = match current {
+                    None => 0,
+                    Some(b"") if empty == EmptyValue::CountsAsZero => 0,
+                    Some(value) => counter(key, value)?,
+                };
                 let sum = now.wrapping_add(delta).to_string().into_bytes();
                 Ok(Change::Put(sum.clone(), sum))
             })
@@ -130,7 +151,7 @@ impl EtcdStore {
     }
 
     /// CHECK: every key has a value or names a non-empty queue.
-    pub async fn wire_check(&self, keys: &[Bytes]) -> Result<bool> {
+    pub async fn wire_check<K: AsRef<[u8]>>(&self, keys: &[K]) -> Result<bool> {
         let missing = self
             .call_async("check", |_| async {
                 self.missing_since(keys).await.map(Ok)
@@ -181,9 +202,15 @@ impl EtcdStore {
         .map(drop)
     }
 
-    /// MULTI_GET: one value per key, empty for a missing one, read in one snapshot per
-    /// `MAX_TXN_OPS` keys.
+    /// MULTI_GET: one value per key, empty for a missing one.
     pub async fn wire_multi_get(&self, keys: &[Bytes]) -> Result<Vec<Bytes>> {
+        let values = self.snapshot(keys).await?;
+        Ok(values.into_iter().map(Option::unwrap_or_default).collect())
+    }
+
+    /// One value per key, `None` for a missing one, read in one snapshot per `MAX_TXN_OPS`
+    /// keys.
+    pub(super) async fn snapshot<K: AsRef<[u8]>>(&self, keys: &[K]) -> Result<Vec<Option<Bytes>>> {
         let mut out = Vec::with_capacity(keys.len());
         for chunk in keys.chunks(MAX_TXN_OPS) {
             let lookups: Vec<TxnOp> = chunk
@@ -199,9 +226,8 @@ impl EtcdStore {
                             TxnOpResponse::Get(get) => get
                                 .kvs()
                                 .first()
-                                .map(|kv| Bytes::copy_from_slice(kv.value()))
-                                .unwrap_or_default(),
-                            _ => Bytes::new(),
+                                .map(|kv| Bytes::copy_from_slice(kv.value())),
+                            _ => None,
                         });
                         Ok(Ok(values.collect::<Vec<_>>()))
                     }
