@@ -1,11 +1,11 @@
 //! In-process store: torch's `HashStore` on the one key-value engine ([`Db`]), with threads
-//! blocking on its waiters.
+//! blocking on its waiters through the stores' one blocking facade ([`facade`]).
 //!
 //! Nothing here decides semantics: the map, the queues, the wake-ups and torch's quirks (as a
 //! [`Policy`]) are the engine's, shared with the TCP server, so the two cannot drift apart.
-//! What this adds is torch's blocking API: a call that must wait registers a [`Waiter`] under
-//! the keys it still misses and parks its thread until a write releases it or its deadline
-//! passes. Only the writes that complete a caller's keys wake it (a world-64 `all_gather` with
+//! What this adds is torch's blocking API: a call that must wait registers a
+//! [`Waiter`](super::db::Waiter) under the keys it still misses and parks its thread until a
+//! write releases it, its deadline passes or (through `block_interruptibly`) Ctrl-C is seen. Only the writes that complete a caller's keys wake it (a world-64 `all_gather` with
 //! one condition variable for the store woke all 64 callers on each of 64 writes). A woken
 //! caller looks again, since a key may have been deleted meanwhile.
 //!
@@ -18,8 +18,9 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
-use super::db::{Db, Policy, Waiter};
-use super::{Capabilities, Deadline, Store, DEFAULT_TIMEOUT};
+use super::db::{Db, Policy};
+use super::facade::{self, key_bytes, keys_bytes};
+use super::{Blocking, Capabilities, Interrupt, Store, Unblocked, DEFAULT_TIMEOUT};
 use crate::error::{Error, Result};
 
 /// A thread-safe in-memory store; cheap to clone (clones share the map).
@@ -35,14 +36,6 @@ impl Default for HashStore {
     }
 }
 
-fn key_bytes(key: &str) -> Bytes {
-    Bytes::copy_from_slice(key.as_bytes())
-}
-
-fn keys_bytes(keys: &[String]) -> Vec<Bytes> {
-    keys.iter().map(|k| key_bytes(k)).collect()
-}
-
 fn text(key: &[u8]) -> String {
     String::from_utf8_lossy(key).into_owned()
 }
@@ -55,41 +48,6 @@ impl HashStore {
             timeout: Arc::new(Mutex::new(DEFAULT_TIMEOUT)),
         }
     }
-
-    /// Parks until `waiter` is released; a timeout names the keys of `keys` still missing.
-    fn block(
-        &self,
-        mut waiter: Waiter,
-        deadline: Deadline,
-        op: &str,
-        keys: &[Bytes],
-    ) -> Result<()> {
-        if waiter.block_until(deadline) {
-            return Ok(());
-        }
-        let missing: Vec<String> = self.db.missing(keys).iter().map(|k| text(k)).collect();
-        Err(Error::wait_timeout(op, deadline.timeout(), &missing))
-    }
-
-    /// Every key's value, waiting for the missing ones until `timeout`.
-    fn values(&self, keys: &[Bytes], timeout: Duration, op: &str) -> Result<Vec<Vec<u8>>> {
-        let deadline = Deadline::after(timeout);
-        loop {
-            match self.db.values_or_wait(keys) {
-                Ok(values) => return Ok(values.iter().map(|v| v.to_vec()).collect()),
-                Err(waiter) => self.block(waiter, deadline, op, keys)?,
-            }
-        }
-    }
-
-    /// Waits until every key is present (a value or a non-empty queue), until `timeout`.
-    fn present(&self, keys: &[Bytes], timeout: Duration, op: &str) -> Result<()> {
-        let deadline = Deadline::after(timeout);
-        while let Some(waiter) = self.db.wait(keys.to_vec()) {
-            self.block(waiter, deadline, op, keys)?;
-        }
-        Ok(())
-    }
 }
 
 impl Store for HashStore {
@@ -97,8 +55,19 @@ impl Store for HashStore {
         Capabilities {
             extended_api: true,
             in_memory: true,
+            interruptible_waits: true,
             ..Capabilities::BASIC
         }
+    }
+
+    /// Interruptible at no cost: the check runs beside one registered wait.
+    fn block_interruptibly(
+        &self,
+        call: Blocking<'_>,
+        timeout: Duration,
+        interrupted: Interrupt<'_>,
+    ) -> Result<Unblocked> {
+        facade::block_interruptibly(&self.db, call, timeout, interrupted)
     }
 
     fn get_now(&self, key: &str) -> Option<Vec<u8>> {
@@ -114,7 +83,7 @@ impl Store for HashStore {
         if let Some(value) = self.get_now(key) {
             return Ok(value); // the common case, without allocating a key
         }
-        let mut values = self.values(&[key_bytes(key)], timeout, "get")?;
+        let mut values = facade::values(&self.db, "get", &[key_bytes(key)], timeout, None)?;
         Ok(values.pop().expect("one key, one value"))
     }
 
@@ -136,11 +105,8 @@ impl Store for HashStore {
     }
 
     fn wait(&self, keys: &[String], timeout: Option<Duration>) -> Result<()> {
-        self.present(
-            &keys_bytes(keys),
-            timeout.unwrap_or_else(|| self.timeout()),
-            "wait",
-        )
+        let timeout = timeout.unwrap_or_else(|| self.timeout());
+        facade::present(&self.db, "wait", &keys_bytes(keys), timeout, None)
     }
 
     fn delete_key(&self, key: &str) -> Result<bool> {
@@ -169,7 +135,13 @@ impl Store for HashStore {
     }
 
     fn multi_get(&self, keys: &[String]) -> Result<Vec<Vec<u8>>> {
-        self.values(&keys_bytes(keys), self.timeout(), "multi_get")
+        facade::values(
+            &self.db,
+            "multi_get",
+            &keys_bytes(keys),
+            self.timeout(),
+            None,
+        )
     }
 
     fn multi_set(&self, keys: &[String], values: &[Vec<u8>]) -> Result<()> {
@@ -199,15 +171,7 @@ impl Store for HashStore {
 
     /// Waits on the queue itself (a value under the same key does not end the wait).
     fn queue_pop_timeout(&self, key: &str, timeout: Duration) -> Result<Vec<u8>> {
-        let keys = [key_bytes(key)];
-        let deadline = Deadline::after(timeout);
-        loop {
-            match self.db.queue_pop_or_wait(&keys[0]) {
-                Ok(front) => return Ok(front.to_vec()),
-                // Another caller may take the element that released this wait: wait again.
-                Err(waiter) => self.block(waiter, deadline, "queue_pop", &keys)?,
-            }
-        }
+        facade::pop(&self.db, &key_bytes(key), timeout, None)
     }
 
     fn queue_len(&self, key: &str) -> Result<i64> {
@@ -223,6 +187,8 @@ impl Store for HashStore {
 mod tests {
     use super::*;
     use std::thread;
+
+    use crate::store::Deadline;
 
     #[test]
     fn wait_is_released_by_a_set_from_another_thread() {

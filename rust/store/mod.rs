@@ -21,6 +21,7 @@ pub mod db_engine;
 mod deadline;
 pub mod engine;
 mod entries;
+pub mod facade;
 pub mod hash;
 pub mod waiters;
 // --- file and prefix stores ---

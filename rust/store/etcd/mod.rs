@@ -29,9 +29,9 @@
 //! `served.rs` has the same operations async and on raw wire keys, for `ferrodist-store
 //! --backend etcd://...` (a TCPStore server whose state is this store's).
 
+mod blocking;
 pub mod credentials;
 mod engine;
-mod interruptible;
 mod layout;
 mod options;
 mod queue;
@@ -56,8 +56,9 @@ pub use options::{EtcdOptions, TlsFiles};
 use self::retry::retrying;
 use self::rmw::Receipts;
 use self::served::EmptyValue;
+use super::facade::{self, key_bytes, keys_bytes, BlockingEngine};
 use super::{
-    retry_until, same_length, Blocking, Capabilities, Deadline, Interrupt, Roll, Store, Unblocked,
+    same_length, Blocking, Capabilities, Deadline, Interrupt, Roll, Store, Unblocked,
     DEFAULT_TIMEOUT,
 };
 use crate::error::{Error, Result};
@@ -180,55 +181,21 @@ impl EtcdStore {
         timeout: Duration,
         gap: impl std::future::Future<Output = ()>,
     ) -> Result<()> {
-        let waiting = self.until_present_with(keys, gap);
-        self.bounded_wait(waiting, keys, timeout, "wait", &mut not_interrupted)
-    }
-
-    /// Waits until every key is present or `timeout` (zero: never) passes, checking
-    /// `interrupted` along the way.
-    fn present(
-        &self,
-        keys: &[String],
-        timeout: Duration,
-        op: &str,
-        interrupted: Interrupt<'_>,
-    ) -> Result<()> {
-        self.bounded_wait(self.until_present(keys), keys, timeout, op, interrupted)
-    }
-
-    /// Runs `waiting` until it ends, `timeout` (zero: never) passes or `interrupted` fails.
-    fn bounded_wait(
-        &self,
-        waiting: impl std::future::Future<Output = Result<()>>,
-        keys: &[String],
-        timeout: Duration,
-        op: &str,
-        interrupted: Interrupt<'_>,
-    ) -> Result<()> {
+        let keys = keys_bytes(keys);
         self.shared.usable()?;
-        if let Some(done) = self.watching(waiting, timeout, interrupted) {
+        let waiting = self.until_present_with(&keys, None, gap);
+        if let Some(done) = self.watching(waiting, timeout, None) {
             return done;
         }
-        // A timeout shorter than one etcd round trip (tests use milliseconds) must not fail a
-        // wait whose keys are all there: only a wait that finds a key missing times out.
-        match self.still_missing(keys) {
+        match BlockingEngine::missing(self, &keys) {
             missing if missing.is_empty() => Ok(()),
-            missing => Err(Error::wait_timeout(op, timeout, &missing)),
-        }
-    }
-
-    /// The keys of `keys` missing now, for a timeout message (all of them if etcd cannot say).
-    fn still_missing(&self, keys: &[String]) -> Vec<String> {
-        let check =
-            async { tokio::time::timeout(SHORTEST_CALL_DEADLINE, self.missing_since(keys)).await };
-        match runtime().block_on(check) {
-            Ok(Ok(missing)) => keys
-                .iter()
-                .zip(missing)
-                .filter(|(_, m)| m.is_some())
-                .map(|(k, _)| k.clone())
-                .collect(),
-            _ => keys.to_vec(),
+            missing => {
+                let missing: Vec<String> = missing
+                    .iter()
+                    .map(|k| String::from_utf8_lossy(k).into_owned())
+                    .collect();
+                Err(Error::wait_timeout("wait", timeout, &missing))
+            }
         }
     }
 }
@@ -236,7 +203,7 @@ impl EtcdStore {
 /// Shortest deadline of a call that does not wait for other ranks: long enough to ride out an
 /// etcd leader election (about a second) and a retry. A store timeout shorter than this (tests
 /// use milliseconds, for waits) must not make a plain `set` fail while the cluster elects.
-const SHORTEST_CALL_DEADLINE: Duration = Duration::from_secs(5);
+pub(super) const SHORTEST_CALL_DEADLINE: Duration = Duration::from_secs(5);
 
 /// A call's deadline: the store timeout, at least [`SHORTEST_CALL_DEADLINE`], and torch's
 /// default when the timeout is zero ("no timeout" is for waits on other ranks, not for a put to
@@ -249,65 +216,14 @@ fn bounded(timeout: Duration) -> Duration {
     }
 }
 
-/// The interrupt check of a call nobody can interrupt (Rust callers of the plain methods).
-fn not_interrupted() -> Result<()> {
-    Ok(())
-}
-
-impl EtcdStore {
-    /// `get`, watching for the key when it is not there yet and checking `interrupted`
-    /// beside the watch.
-    fn get_watching(
-        &self,
-        key: &str,
-        timeout: Duration,
-        interrupted: Interrupt<'_>,
-    ) -> Result<Vec<u8>> {
-        self.retry_watching("get", &[key.to_owned()], timeout, interrupted, || {
-            let read = runtime().block_on(self.read_at("get", &self.layout.value(key)));
-            read.map(|(value, _revision)| value)
-        })
-    }
-
-    /// One snapshot when every key is there (no wait first: that would cost a read more).
-    fn multi_get_watching(
-        &self,
-        keys: &[String],
-        timeout: Duration,
-        interrupted: Interrupt<'_>,
-    ) -> Result<Vec<Vec<u8>>> {
-        let all_there = || -> Result<Option<Vec<Vec<u8>>>> {
-            let values = runtime().block_on(self.snapshot(keys))?;
-            Ok(values
-                .iter()
-                .all(Option::is_some)
-                .then(|| values.into_iter().flatten().map(|v| v.to_vec()).collect()))
-        };
-        self.retry_watching("multi_get", keys, timeout, interrupted, all_there)
-    }
-
-    /// [`retry_until`] whose wait is a watch for `keys` (checking `interrupted` beside it).
-    pub(super) fn retry_watching<T>(
-        &self,
-        op: &str,
-        keys: &[String],
-        timeout: Duration,
-        interrupted: Interrupt<'_>,
-        attempt: impl FnMut() -> Result<Option<T>>,
-    ) -> Result<T> {
-        retry_until(op, keys, timeout, attempt, |left| {
-            self.present(keys, left, op, &mut *interrupted)
-        })
-    }
-}
-
 impl Store for EtcdStore {
     fn set(&self, key: &str, value: &[u8]) -> Result<()> {
         runtime().block_on(self.wire_set(key.as_bytes(), value))
     }
 
     fn get_timeout(&self, key: &str, timeout: Duration) -> Result<Vec<u8>> {
-        self.get_watching(key, timeout, &mut not_interrupted)
+        let mut values = facade::values(self, "get", &[key_bytes(key)], timeout, None)?;
+        Ok(values.pop().expect("one key, one value"))
     }
 
     /// torch's HashStore counts an empty value as 0 (its TCP servers refuse it).
@@ -326,7 +242,7 @@ impl Store for EtcdStore {
 
     fn wait(&self, keys: &[String], timeout: Option<Duration>) -> Result<()> {
         let timeout = timeout.unwrap_or_else(|| self.timeout());
-        self.present(keys, timeout, "wait", &mut not_interrupted)
+        facade::present(self, "wait", &keys_bytes(keys), timeout, None)
     }
 
     /// Writes are not bounded: one may take 5 s (an election) even when the store timeout is
@@ -346,20 +262,7 @@ impl Store for EtcdStore {
         timeout: Duration,
         interrupted: Interrupt<'_>,
     ) -> Result<Unblocked> {
-        match call {
-            Blocking::Get(key) => self
-                .get_watching(key, timeout, interrupted)
-                .map(Unblocked::Value),
-            Blocking::Wait(keys) => self
-                .present(keys, timeout, "wait", interrupted)
-                .map(|()| Unblocked::Ready),
-            Blocking::MultiGet(keys) => self
-                .multi_get_watching(keys, timeout, interrupted)
-                .map(Unblocked::Values),
-            Blocking::QueuePop(key) => self
-                .pop_when_pushed(key, timeout, interrupted)
-                .map(Unblocked::Value),
-        }
+        facade::block_interruptibly(self, call, timeout, interrupted)
     }
 
     fn roll(&self) -> Option<&dyn Roll> {
@@ -396,7 +299,7 @@ impl Store for EtcdStore {
     }
 
     fn multi_get(&self, keys: &[String]) -> Result<Vec<Vec<u8>>> {
-        self.multi_get_watching(keys, self.timeout(), &mut not_interrupted)
+        facade::values(self, "multi_get", &keys_bytes(keys), self.timeout(), None)
     }
 
     fn multi_set(&self, keys: &[String], values: &[Vec<u8>]) -> Result<()> {
@@ -416,6 +319,10 @@ impl Store for EtcdStore {
 
     fn queue_push(&self, key: &str, value: &[u8]) -> Result<()> {
         runtime().block_on(self.wire_queue_push(key.as_bytes(), value))
+    }
+
+    fn queue_pop_timeout(&self, key: &str, timeout: Duration) -> Result<Vec<u8>> {
+        facade::pop(self, &key_bytes(key), timeout, None)
     }
 
     fn queue_pop(&self, key: &str, block: bool) -> Result<Vec<u8>> {

@@ -12,7 +12,7 @@
 //!   keys a stock client set through the server with their wire names;
 //! * **torch's TCP servers' answers**, as the in-memory engine (`store/db.rs`) gives them: a GET
 //!   of a missing key is empty (clients WAIT first), ADD on an empty value is refused (the
-//!   `Store` API counts it as 0, as torch's HashStore: [`EmptyValue`]), a BARRIER counts
+//!   `Store` API counts it as 0, as torch's HashStore: `EmptyValue`), a BARRIER counts
 //!   arrivals on its key. The `Store` API's blocking calls (get, multi_get, a blocking pop)
 //!   wait with a watch instead (`mod.rs`, `queue.rs`).
 //!
@@ -57,7 +57,7 @@ fn pop_record(len_before: i64, front: &[u8]) -> Vec<u8> {
 
 impl EtcdStore {
     /// Runs a retried etcd call under the call deadline, on the caller's task.
-    async fn call_async<T, F, Fut>(&self, what: &str, attempt: F) -> Result<T>
+    pub(super) async fn call_async<T, F, Fut>(&self, what: &str, attempt: F) -> Result<T>
     where
         F: Fn(KvClient) -> Fut,
         Fut: std::future::Future<Output = std::result::Result<Result<T>, etcd_client::Error>>,

@@ -74,25 +74,32 @@ impl EtcdStore {
 
     /// Returns once every key is present; runs until then (the caller bounds it).
     pub(super) async fn until_present<K: AsRef<[u8]>>(&self, keys: &[K]) -> Result<()> {
-        self.until_present_with(keys, std::future::ready(())).await
+        self.until_present_with(keys, None, std::future::ready(()))
+            .await
     }
 
-    /// [`EtcdStore::until_present`], awaiting `gap` once between the first read that finds a
-    /// key missing and the watch (tests land a write in exactly that gap).
+    /// [`EtcdStore::until_present`]. `read` is what a read just found (from
+    /// [`EtcdStore::missing_since`]), so the wait starts with the watch; `gap` is awaited once
+    /// between the first read that finds a key missing and the watch (tests land a write in
+    /// exactly that gap).
     pub(super) async fn until_present_with<K: AsRef<[u8]>>(
         &self,
         keys: &[K],
+        mut read: Option<Vec<Option<i64>>>,
         gap: impl std::future::Future<Output = ()>,
     ) -> Result<()> {
         let mut gap = Some(gap);
         loop {
-            let missing = match self.missing_since(keys).await {
-                Ok(missing) => missing,
-                Err(err) if is_transient(&err) => {
-                    tokio::time::sleep(RETRY_PAUSE).await;
-                    continue;
-                }
-                Err(err) => return Err(fatal("wait", err)),
+            let missing = match read.take() {
+                Some(missing) => missing,
+                None => match self.missing_since(keys).await {
+                    Ok(missing) => missing,
+                    Err(err) if is_transient(&err) => {
+                        tokio::time::sleep(RETRY_PAUSE).await;
+                        continue;
+                    }
+                    Err(err) => return Err(fatal("wait", err)),
+                },
             };
             let waiting: Vec<(&[u8], i64)> = keys
                 .iter()
