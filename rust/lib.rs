@@ -8,16 +8,18 @@
 //!
 //! * [`error`]: the one [`Error`] enum and the [`Result`] alias.
 //! * [`runtime`]: the one tokio runtime of the process, built lazily and rebuilt after `fork`.
-//! * [`store`]: the [`store::Store`] trait (torch's Store API with deadlines); [`store::db`],
-//!   the one key-value + queue + waiter engine that HashStore and the TCP server both run on
-//!   (torch's differences between them are a [`store::db::Policy`]); [`store::waiters`], its
-//!   wait registry; the in-process stores: [`store::HashStore`], `FileStore` (torch's on-disk
-//!   format), `PrefixStore`; [`store::etcd`], `EtcdStore` on an etcd cluster (v3 API:
-//!   transactions, watches); [`store::foreign`], a store over one ferrodist did not build
-//!   (torch's, a user's), with each call's own deadline.
+//! * [`store`]: the [`store::Store`] trait (torch's Store API with deadlines);
+//!   [`store::engine`], the one storage-engine interface (torch's TCP store operations, answered
+//!   now or in flight) with two engines, the in-memory [`store::db`] (torch's differences
+//!   between HashStore and the TCP server are a [`store::db::Policy`]; [`store::waiters`], its
+//!   wait registry) and etcd ([`store::EtcdEngine`]); [`store::facade`], the one blocking
+//!   `get` / `multi_get` / `wait` / `queue_pop` of [`store::HashStore`] and `EtcdStore` over
+//!   their engines; the other stores: `FileStore` (torch's on-disk format), `PrefixStore`, and
+//!   [`store::foreign`], a store ferrodist did not build (torch's, a user's), with each call's
+//!   own deadline.
 //! * [`tcp`]: torch's TCPStore wire protocol (codec), the tokio server behind `ferrodist-store`
-//!   and the in-process master (with optional token auth, a connection cap and Prometheus
-//!   metrics), and the client.
+//!   and the in-process master (one dispatcher from the wire to either engine; optional token
+//!   auth, a connection cap and Prometheus metrics), and the client.
 //! * [`bucket`]: DDP gradient bucket assignment (torch's `_compute_bucket_assignment_by_size`)
 //!   from tensor metadata.
 //! * [`collectives`]: control collectives over any store (torch's `_StoreCollectives`, same

@@ -7,7 +7,8 @@
 //!   use the store's timeout unless given one; a zero timeout means "no deadline", as in torch.
 //!   [`blocking`] lets a caller (Python) check for Ctrl-C every [`INTERRUPT_POLL`] without
 //!   losing the overall deadline or its error message: by default [`sliced`] cuts the wait
-//!   into short slices; EtcdStore checks beside one long watch.
+//!   into short slices; HashStore and EtcdStore check beside one wait that stays armed
+//!   ([`facade`]).
 //! * **What a store can do is one value** ([`Capabilities`]), read by the core where it
 //!   decides how to call the store.
 //! * **Defaults match torch's base class.** A store that lacks an operation gets torch's
