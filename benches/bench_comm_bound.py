@@ -143,6 +143,7 @@ def _worker(args: argparse.Namespace) -> None:
     from benches.lab import local_bytes
 
     torch.set_num_threads(args.threads)
+    torch.set_flush_denormal(True)  # deep MLPs decay into subnormals: benches/README.md
     dist.init_process_group("gloo")
     rows = []
     for name in args.models.split(","):

@@ -74,6 +74,7 @@ def _timed(fn: Callable[[], Any]) -> float:
 
 def _worker(rank: int, world: int, port: int, args: argparse.Namespace, queue: Any) -> None:
     torch.set_num_threads(args.threads)
+    torch.set_flush_denormal(True)  # deep MLPs decay into subnormals: benches/README.md
     dist.init_process_group(
         "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
     )
@@ -207,6 +208,7 @@ def _alternate_steps(
 
 def _shapes_worker(rank: int, world: int, port: int, args: argparse.Namespace, queue: Any) -> None:
     torch.set_num_threads(args.threads)
+    torch.set_flush_denormal(True)  # deep MLPs decay into subnormals: benches/README.md
     dist.init_process_group(
         "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
     )

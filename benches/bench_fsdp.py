@@ -156,6 +156,7 @@ def wrap(impl: Any, model: nn.Module, block: type[nn.Module], strategy: str) -> 
 
 def init(rank: int, tmp: str, tag: str, threads: int) -> None:
     torch.set_num_threads(threads)
+    torch.set_flush_denormal(True)  # deep MLPs decay into subnormals: benches/README.md
     dist.init_process_group(
         "gloo", init_method=f"file://{tmp}/pg-{tag}", rank=rank, world_size=WORLD
     )

@@ -49,6 +49,7 @@ def model() -> nn.Module:
 
 def init(rank: int, world: int, tmp: str, tag: str) -> None:
     torch.set_num_threads(1)
+    torch.set_flush_denormal(True)  # deep MLPs decay into subnormals: benches/README.md
     dist.init_process_group(
         "gloo", init_method=f"file://{tmp}/pg-{tag}", rank=rank, world_size=world
     )

@@ -110,6 +110,7 @@ def _model(layers: int, width: int) -> torch.nn.Module:
 
 def _worker(rank: int, port: int, args: argparse.Namespace, out: Any) -> None:
     torch.set_num_threads(1)
+    torch.set_flush_denormal(True)  # deep MLPs decay into subnormals: benches/README.md
     dist.init_process_group(
         "gloo",
         init_method=f"tcp://127.0.0.1:{port}",
