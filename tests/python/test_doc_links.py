@@ -1,4 +1,4 @@
-"""Every relative link and ``#anchor`` in README.md and benches/RESULTS.md leads somewhere.
+"""Every relative link and ``#anchor`` in README.md, ARCHITECTURE.md and benches/ leads somewhere.
 
 The README links its results table into benches/RESULTS.md and each moved narrative back to its
 section; a renamed heading or a moved file breaks such links silently, so they are checked:
@@ -16,7 +16,12 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-DOCS = [REPO / "README.md", REPO / "benches" / "RESULTS.md"]
+DOCS = [
+    REPO / "README.md",
+    REPO / "ARCHITECTURE.md",
+    REPO / "benches" / "RESULTS.md",
+    REPO / "benches" / "README.md",
+]
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 HEADING = re.compile(r"^#{1,6}\s+(.*?)\s*#*\s*$")
 
