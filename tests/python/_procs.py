@@ -1,14 +1,18 @@
-"""Running real Python processes for multi-process store tests, always with a deadline."""
+"""Running real Python processes for multi-process store tests, always with a deadline; and
+Ctrl-C sent to this one."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
+from typing import Iterator
 
 import ferrodist
 
@@ -27,6 +31,21 @@ def default_sigint() -> None:
     the background of a non-interactive shell (``cmd &``) ignores SIGINT, and an ignored
     signal stays ignored across exec; the Ctrl-C tests must see what a user's process sees."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+@contextlib.contextmanager
+def ctrl_c_after(seconds: float) -> Iterator[None]:
+    """Python's own Ctrl-C handler, as a user's process has it (a background runner ignores
+    SIGINT, and its children inherit that), and SIGINT sent to this process after ``seconds``."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    timer = threading.Timer(seconds, lambda: os.kill(os.getpid(), signal.SIGINT))
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+        timer.join()
+        signal.signal(signal.SIGINT, previous)
 
 
 def spawn(code: str, *args: str) -> subprocess.Popen[str]:

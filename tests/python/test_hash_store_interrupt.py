@@ -3,14 +3,12 @@ about one poll interval, and the store carries on (no wait is left registered)."
 
 from __future__ import annotations
 
-import os
-import signal
-import threading
 import time
 from datetime import timedelta
 from typing import Callable
 
 import pytest
+from _procs import ctrl_c_after
 
 import ferrodist
 
@@ -27,17 +25,11 @@ def test_ctrl_c_interrupts_a_blocked_call_and_the_store_stays_usable(call: str) 
     store = ferrodist.HashStore()
     store.set_timeout(timedelta(seconds=30))
     store.set("here", "1")
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        timer = threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGINT))
-        timer.start()
+    with ctrl_c_after(0.3):
         started = time.monotonic()
         with pytest.raises(KeyboardInterrupt):
             CALLS[call](store)
         assert time.monotonic() - started < 3
-        timer.join()
-    finally:
-        signal.signal(signal.SIGINT, previous)
     store.set("never", "now")
     assert store.get("never") == b"now"
     store.queue_push("empty", "x")

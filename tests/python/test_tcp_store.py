@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import signal
 import socket
 import threading
 import time
@@ -12,6 +10,7 @@ from datetime import timedelta
 import pytest
 import torch
 import torch.distributed as tdist
+from _procs import ctrl_c_after
 from conftest import TORCH_SIDE_SKIPPED
 
 import ferrodist
@@ -153,19 +152,11 @@ def test_clone_is_a_client_of_the_same_server() -> None:
 def test_ctrl_c_interrupts_a_long_get_and_the_store_stays_usable() -> None:
     store = master()
     store.set_timeout(timedelta(seconds=30))
-    # Python's own Ctrl-C handler, as a user's process has it (a background runner ignores
-    # SIGINT, and its children inherit that).
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        timer = threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGINT))
-        timer.start()
+    with ctrl_c_after(0.3):
         started = time.monotonic()
         with pytest.raises(KeyboardInterrupt):
             store.get("never")
         assert time.monotonic() - started < 5
-        timer.join()
-    finally:
-        signal.signal(signal.SIGINT, previous)
     # The abandoned wait is cancelled on the next call; the connection carries on.
     store.set("after", "1")
     assert store.get("after") == b"1"

@@ -255,7 +255,7 @@ impl Store for EtcdStore {
         }
     }
 
-    /// Interruptible at no cost: the check runs beside the one watch (`interruptible.rs`).
+    /// Interruptible at no cost: the check runs beside the one watch (`blocking.rs`).
     fn block_interruptibly(
         &self,
         call: Blocking<'_>,
