@@ -2,8 +2,9 @@
 
 Part 1 (one process, gloo world of 1): the time of one ``ferrodist.all_reduce`` of a 4-element
 tensor (a) through torch directly, (b) through ferrodist with recording off, (c) with it on;
-(c) - (b) is what recording adds to an op. Also the same for ``isend`` + ``wait`` (the
-point-to-point path) and an async all-reduce (the polled completion).
+(c) - (b) is what recording adds to an op. The same for an asynchronous all-reduce and its
+wait (the polled completion) and a broadcast. A control times torch's own all_reduce with a
+busy wait of a few microseconds beside it: what any work between two ops costs on this machine.
 
 Part 2 (world 2, gloo): a many-tensor model (``--layers`` x ``Linear(w, w)``) trained with
 ferrodist's DDP (small buckets, so many all-reduces per step) and with ferrodist's FSDP (one
@@ -77,10 +78,44 @@ def part1(n: int, cuda: bool = False) -> None:
             f"{name:<26}{med['torch']:>9.1f}{med['off']:>9.1f}{med['on']:>9.1f}"
             f"{med['on'] - med['off']:>10.1f}"
         )
+    if not cuda:
+        _spin_control(t, n)
     _switch(True, saved)
     if cuda:
         _profile_recorded(lambda: dist.all_reduce(t), n)
     dist.destroy_process_group()
+
+
+def _spin(us: float) -> None:
+    end = time.perf_counter() + us * 1e-6
+    while time.perf_counter() < end:
+        pass
+
+
+def _spin_control(t: torch.Tensor, n: int) -> None:
+    """What any work between two back-to-back ops costs here: a busy wait of a few microseconds
+    (about the recorder's own work) before each torch ``all_reduce``, or between its
+    asynchronous launch and its wait (where ferrodist records). Where an op grows by several
+    times the wait, "on - off" above measures the machine (the backend's thread asleep or queued
+    behind the caller) more than the recorder."""
+    torch_all_reduce = torch.distributed.all_reduce
+
+    def before(us: float) -> None:
+        _spin(us)
+        torch_all_reduce(t)
+
+    def between(us: float) -> None:
+        work = torch_all_reduce(t, async_op=True)
+        _spin(us)
+        work.wait()
+
+    print("control: torch's all_reduce with a busy wait (microseconds)")
+    print(f"{'busy wait':<26}{'none':>9}{'before':>9}{'between':>9}")
+    for us in (2.0, 4.0):
+        plain = statistics.median(_per_op(lambda: torch_all_reduce(t), n) for _ in range(3))
+        pre = statistics.median(_per_op(lambda us=us: before(us), n) for _ in range(3))
+        mid = statistics.median(_per_op(lambda us=us: between(us), n) for _ in range(3))
+        print(f"{us:<26.1f}{plain:>9.1f}{pre:>9.1f}{mid:>9.1f}")
 
 
 def _profile_recorded(fn: Callable[[], Any], n: int) -> None:
@@ -104,6 +139,29 @@ def _last_id(rec: Any) -> int:
     return int(entries[-1]["id"]) if entries else 0
 
 
+def _per_op_world2(saved: Any, n: int) -> dict[str, float]:
+    """Microseconds a synchronous all_reduce of 1,024 floats takes at world 2 (a real exchange
+    between two processes): torch's, and ferrodist's with recording off and on (median of 7
+    alternating rounds)."""
+    t = torch.ones(1024)
+    torch_all_reduce = torch.distributed.all_reduce
+    cases: dict[str, tuple[bool, Callable[[], Any]]] = {
+        "torch": (False, lambda: torch_all_reduce(t)),
+        "off": (False, lambda: dist.all_reduce(t)),
+        "on": (True, lambda: dist.all_reduce(t)),
+    }
+    rows: dict[str, list[float]] = {name: [] for name in cases}
+    for round_ in range(7):
+        order = list(cases) if round_ % 2 == 0 else list(cases)[::-1]
+        for name in order:
+            on, fn = cases[name]
+            _switch(on, saved)
+            dist.barrier()
+            rows[name].append(_per_op(fn, n))
+    _switch(True, saved)
+    return {name: statistics.median(v) for name, v in rows.items()}
+
+
 def _model(layers: int, width: int) -> torch.nn.Module:
     return torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(layers)])
 
@@ -124,6 +182,7 @@ def _worker(rank: int, port: int, args: argparse.Namespace, out: Any) -> None:
     from ferrodist.fsdp import FullyShardedDataParallel
 
     saved = _recorder.recorder()
+    per_op = _per_op_world2(saved, args.ops // 10)
     torch.manual_seed(0)
     models = {
         "ddp": DistributedDataParallel(
@@ -155,7 +214,7 @@ def _worker(rank: int, port: int, args: argparse.Namespace, out: Any) -> None:
                     ops_per_step[name] = (_last_id(saved) - before) // args.steps
     _switch(True, saved)
     if rank == 0:
-        out.put((times, ops_per_step))
+        out.put((times, ops_per_step, per_op))
     dist.barrier()
     del models
     dist.destroy_process_group()
@@ -170,9 +229,18 @@ def part2(args: argparse.Namespace) -> None:
     procs = [ctx.Process(target=_worker, args=(r, port, args, out)) for r in range(2)]
     for p in procs:
         p.start()
-    times, ops = out.get(timeout=1800)
+    times, ops, per_op = out.get(timeout=1800)
     for p in procs:
         p.join(120)
+    print(
+        "\nper op, world 2, gloo, synchronous all_reduce of 1,024 floats (median of 7 rounds, "
+        "microseconds)"
+    )
+    print(f"{'torch':>9}{'off':>9}{'on':>9}{'on - off':>10}")
+    print(
+        f"{per_op['torch']:>9.1f}{per_op['off']:>9.1f}{per_op['on']:>9.1f}"
+        f"{per_op['on'] - per_op['off']:>10.1f}"
+    )
     print(
         f"\nstep time, world 2, gloo, {args.layers} x Linear({args.width}, {args.width}), "
         f"{args.rounds} alternating rounds x {args.steps - 1} timed steps (median, ms)"

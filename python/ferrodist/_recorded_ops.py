@@ -9,6 +9,14 @@ wrapper is one check and the torch call.
 What is recorded as an op's shapes is what every member of the group passes alike (the input of
 an all-gather, the tensor of a gather or scatter), so that a shape differing between ranks means
 a real mismatch; all-to-all records no shapes, since its splits may differ by rank.
+
+A collective with an asynchronous form is launched first and recorded after, while the backend
+runs it: recorded first, every launch waited for the recorder's few microseconds, and on a
+small machine any work just before a gloo op costs more than itself (the control rows of
+``benches/flight_overhead.py``). The order changes nothing a diagnosis reads: the op is recorded,
+issued and started, before anything waits for it, and a launch that raises is recorded failed.
+An op without an asynchronous form (the object collectives) may block in its call, so it is
+still recorded before it.
 """
 
 from __future__ import annotations
@@ -79,19 +87,43 @@ def collective(
         rec = state.recorder if state.decided else _recorder.recorder()
         if rec is None:
             return fn(*args, **kwargs)
+        if async_arg.index < 0:  # no asynchronous form: recorded first, the call may block
+            ident = _describe_and_begin(args, kwargs)
+            return _recorder.finish_call(ident, False, fn, *args, **kwargs)
+        # Launched first, recorded while the backend runs it (see the module doc); a
+        # synchronous call is made as torch makes it: the asynchronous call, then its wait.
+        is_async = bool(async_arg(args, kwargs))
+        launch_args, launch_kwargs = (
+            (args, kwargs) if is_async else async_arg.replaced(args, kwargs, True)
+        )
+        try:
+            work = fn(*launch_args, **launch_kwargs)
+        except BaseException as e:
+            _recorder.fail(_describe_and_begin(args, kwargs), e)
+            raise
         described = _tensors_of(tensor_arg(args, kwargs)) if tensor_arg is not None else []
-        ident = _recorder.begin(
+        ident = _recorder.launched(
             name,
             _recorder.describe_group(group_arg(args, kwargs)),
             described,
             op_arg(args, kwargs) if op_arg is not None else None,
             with_shapes=not dtypes_only,
         )
-        is_async = bool(async_arg(args, kwargs))
-        if not is_async and async_arg.index >= 0 and _on_device(described):
-            args, kwargs = async_arg.replaced(args, kwargs, True)
-            return _recorder.finish_on_device(ident, fn, *args, **kwargs)
-        return _recorder.finish_call(ident, is_async, fn, *args, **kwargs)
+        if is_async:
+            _recorder.hold_until_finished(ident, work)
+            return work
+        _recorder.wait_launched(ident, work, on_device=_on_device(described))
+        return None
+
+    def _describe_and_begin(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Optional[int]:
+        described = _tensors_of(tensor_arg(args, kwargs)) if tensor_arg is not None else []
+        return _recorder.begin(
+            name,
+            _recorder.describe_group(group_arg(args, kwargs)),
+            described,
+            op_arg(args, kwargs) if op_arg is not None else None,
+            with_shapes=not dtypes_only,
+        )
 
     wrapper.__signature__ = sig  # type: ignore[attr-defined]
     if "." not in name:  # a public op: torch's name, even over ferrodist's own ``_all_reduce``

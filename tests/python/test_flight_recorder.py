@@ -200,3 +200,47 @@ def test_a_default_dump_dir_planted_by_someone_else_is_refused(tmp_path):
     assert f"AT {made / 'rank0.json'}" in out, out
     assert stat.S_IMODE(made.stat().st_mode) == 0o700
     assert stat.S_IMODE((made / "rank0.json").stat().st_mode) == 0o600
+
+
+def test_ops_recorded_after_their_launch_keep_their_state_and_their_errors():
+    """Collectives are launched first and recorded while the backend runs them: a synchronous
+    op still returns None and is completed when it returns, an asynchronous one returns its
+    work and completes once finished, and a launch that raises is recorded failed with torch's
+    own error class."""
+    out = run_python(
+        """
+        import json, ferrodist as dist, ferrodist.debug, torch
+        dist.init_process_group("gloo", init_method="tcp://127.0.0.1:0", rank=0, world_size=1)
+        rec = ferrodist.debug.recorder()
+        t = torch.ones(3)
+        print("SYNC", dist.all_reduce(t))
+        work = dist.broadcast(t, 0, async_op=True)
+        print("ASYNC", type(work).__name__)
+        work.wait()
+        try:
+            dist.broadcast(t, 5)
+        except Exception as e:
+            torch_error = type(e)
+        try:
+            torch.distributed.broadcast(t, 5)
+        except Exception as e:
+            print("SAME CLASS", type(e) is torch_error)
+        dist.barrier()  # a later op: the asynchronous broadcast is swept as completed
+        rows = [{k: e[k] for k in ("op", "shapes", "reduce_op", "state", "call_site", "error")}
+                for e in rec.entries()]
+        print("ROWS", json.dumps(rows))
+        dist.destroy_process_group()
+        """
+    )
+    assert "SYNC None" in out and "ASYNC Work" in out and "SAME CLASS True" in out, out
+    rows = json.loads(out.split("ROWS ", 1)[1].splitlines()[0])
+    ops = [(r["op"], r["state"]) for r in rows]
+    assert ops == [
+        ("all_reduce", "completed"),
+        ("broadcast", "completed"),
+        ("broadcast", "failed"),
+        ("barrier", "completed"),
+    ], rows
+    assert rows[0]["shapes"] == [[3]] and rows[0]["reduce_op"] == "SUM", rows
+    assert all(r["call_site"].startswith("<string>:") for r in rows), rows
+    assert rows[2]["error"] and "5" in rows[2]["error"], rows

@@ -307,7 +307,6 @@ class Reducer(ReducerJoinSupport):
         for its view as real numbers.
         """
         group = self._process_group
-        ident = _flight.begin("ddp.all_reduce", _flight.describe_group(group), (buffer,), "SUM")
         try:
             if buffer.is_complex():
                 work = tdist.all_reduce(buffer, group=group, async_op=True)
@@ -315,11 +314,16 @@ class Reducer(ReducerJoinSupport):
             else:
                 work = group.allreduce([buffer], self._all_reduce_options)
         except BaseException as e:
-            _flight.fail(ident, e)
+            _flight.fail(self._record_bucket(buffer), e)
             raise
-        if ident is not None:
-            _flight.watch(ident, work)
+        # recorded once launched, while the backend runs it (see ferrodist._recorded_ops)
+        _flight.hold_until_finished(self._record_bucket(buffer), work)
         return work.get_future()
+
+    def _record_bucket(self, buffer: torch.Tensor) -> Optional[int]:
+        """Record a bucket's all-reduce, launched now; its id (None when recording is off)."""
+        group = self._process_group
+        return _flight.launched("ddp.all_reduce", _flight.describe_group(group), (buffer,), "SUM")
 
     @property
     def _local_used(self) -> torch.Tensor:

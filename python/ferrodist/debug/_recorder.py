@@ -36,14 +36,16 @@ __all__ = [
     "enabled",
     "fail",
     "finish_call",
-    "finish_on_device",
     "forget_in_flight",
+    "hold_until_finished",
+    "launched",
     "p2p_channel",
     "recorder",
     "run",
     "run_p2p",
     "short",
     "sweep",
+    "wait_launched",
     "waited",
     "watch",
 ]
@@ -226,31 +228,53 @@ def waited(work: Any) -> None:
         _inflight.waited(rec, work)
 
 
-def finish_on_device(
-    ident: Optional[int], fn: Callable[..., Any], /, *args: Any, **kwargs: Any
-) -> None:
-    """A synchronous collective on CUDA tensors, made as torch makes it (the asynchronous call,
-    then ``Work.wait``, which orders the current stream after the op), but marked completed only
-    once the op has run on the device: on NCCL a synchronous call returns as soon as the op is
-    enqueued, and an op stuck on the GPU must still show as pending to the watchdog and in dumps.
-    ``args`` ask ``fn`` for its work (``async_op=True``); returns None, as the synchronous call.
-    """
+def launched(
+    op: str,
+    group: str,
+    tensors: Iterable[torch.Tensor],
+    reduce_op: Any = None,
+    with_shapes: bool = True,
+) -> Optional[int]:
+    """Record an operation whose call has returned, the backend running it: issued and started
+    now. Its id, or None when recording is off."""
+    ident = begin(op, group, tensors, reduce_op, with_shapes)
     rec = _State.recorder
     if rec is not None and ident is not None:
         rec.started(ident)
+    return ident
+
+
+def hold_until_finished(ident: Optional[int], work: Any) -> None:
+    """Mark the launched ``ident`` completed (or failed) once ``work`` has finished; at once
+    when there is no work (a rank outside the group, a coalescing block's op)."""
+    rec = _State.recorder
+    if rec is None or ident is None:
+        return
+    if work is None:
+        rec.completed(ident)
+        _inflight.completed(ident)
+    else:
+        _inflight.hold(ident, work)
+
+
+def wait_launched(ident: Optional[int], work: Any, on_device: bool) -> None:
+    """The synchronous call's end for the launched ``ident``: ``work.wait()``, then the op is
+    completed. On a device (``on_device``) the wait only orders the current stream after the
+    op, which NCCL has merely enqueued, so it is marked completed once the device has run it:
+    an op stuck on the GPU stays pending to the watchdog and in dumps."""
     try:
-        work = fn(*args, **kwargs)
         if work is not None:
             work.wait()
     except BaseException as e:
         fail(ident, e)
         raise
-    if rec is None or ident is None:
+    if on_device:
+        hold_until_finished(ident, work)
         return
-    if work is None:  # inside a coalescing block the manager's work carries the op
+    rec = _State.recorder
+    if rec is not None and ident is not None:
         rec.completed(ident)
-    else:
-        _inflight.hold(ident, work)
+        _inflight.completed(ident)
 
 
 def run_p2p(
