@@ -244,3 +244,31 @@ def test_ops_recorded_after_their_launch_keep_their_state_and_their_errors():
     assert rows[0]["shapes"] == [[3]] and rows[0]["reduce_op"] == "SUM", rows
     assert all(r["call_site"].startswith("<string>:") for r in rows), rows
     assert rows[2]["error"] and "5" in rows[2]["error"], rows
+
+
+def test_ops_queued_in_a_coalescing_block_return_what_torch_returns():
+    """Inside torch's coalescing block an op is only queued: torch returns None for a
+    synchronous call and a placeholder work for an asynchronous one, whose ``wait`` raises. The
+    recorder must not wait on or poll that placeholder, and the block's ops are recorded."""
+    out = run_python(
+        """
+        import ferrodist as dist, ferrodist.debug, torch
+        from torch.distributed.distributed_c10d import _coalescing_manager
+        dist.init_process_group("gloo", init_method="tcp://127.0.0.1:0", rank=0, world_size=1)
+        a, b = torch.ones(2), torch.ones(3)
+        with _coalescing_manager(async_ops=True) as cm:
+            print("SYNC", dist.all_reduce(a))
+            print("ASYNC", type(dist.all_reduce(b, async_op=True)).__name__)
+        cm.wait()
+        dist.barrier()
+        print("STATES", [(e["op"], e["state"]) for e in ferrodist.debug.recorder().entries()])
+        print("SUMS", a.tolist(), b.tolist())
+        dist.destroy_process_group()
+        """
+    )
+    assert "SYNC None" in out and "ASYNC _IllegalWork" in out, out
+    assert (
+        "STATES [('all_reduce', 'completed'), ('all_reduce', 'completed'), "
+        "('barrier', 'completed')]" in out
+    ), out
+    assert "SUMS [1.0, 1.0] [1.0, 1.0, 1.0]" in out, out

@@ -18,6 +18,7 @@ import os
 from typing import Any, Callable, Iterable, Optional
 
 import torch
+import torch.distributed.distributed_c10d as _c10d
 
 from ferrodist import _native
 from ferrodist.debug import _inflight
@@ -40,6 +41,7 @@ __all__ = [
     "hold_until_finished",
     "launched",
     "p2p_channel",
+    "queued_only",
     "recorder",
     "run",
     "run_p2p",
@@ -212,7 +214,7 @@ def finish_call(
     except BaseException as e:
         fail(ident, e)
         raise
-    if async_op and result is not None:
+    if async_op and not queued_only(result):
         watch(ident, result)
     else:
         rec.completed(ident)
@@ -244,13 +246,24 @@ def launched(
     return ident
 
 
+_PLACEHOLDER_WORK: Optional[type] = getattr(_c10d, "_IllegalWork", None)
+"""What torch returns for an asynchronous call inside a coalescing block: the op is only queued
+(the block's own work carries it), and every waiting method of this object raises."""
+
+
+def queued_only(work: Any) -> bool:
+    """Whether a launch returned no work of its own to wait for or poll: None (a rank outside
+    the group, a synchronous call in a coalescing block) or torch's coalescing placeholder."""
+    return work is None or (_PLACEHOLDER_WORK is not None and type(work) is _PLACEHOLDER_WORK)
+
+
 def hold_until_finished(ident: Optional[int], work: Any) -> None:
     """Mark the launched ``ident`` completed (or failed) once ``work`` has finished; at once
-    when there is no work (a rank outside the group, a coalescing block's op)."""
+    when there is no work of its own (``queued_only``)."""
     rec = _State.recorder
     if rec is None or ident is None:
         return
-    if work is None:
+    if queued_only(work):
         rec.completed(ident)
         _inflight.completed(ident)
     else:
@@ -263,7 +276,7 @@ def wait_launched(ident: Optional[int], work: Any, on_device: bool) -> None:
     op, which NCCL has merely enqueued, so it is marked completed once the device has run it:
     an op stuck on the GPU stays pending to the watchdog and in dumps."""
     try:
-        if work is not None:
+        if not queued_only(work):
             work.wait()
     except BaseException as e:
         fail(ident, e)
