@@ -10,13 +10,16 @@ What is recorded as an op's shapes is what every member of the group passes alik
 an all-gather, the tensor of a gather or scatter), so that a shape differing between ranks means
 a real mismatch; all-to-all records no shapes, since its splits may differ by rank.
 
-A collective with an asynchronous form is launched first and recorded after, while the backend
-runs it: recorded first, every launch waited for the recorder's few microseconds, and on a
-small machine any work just before a gloo op costs more than itself (the control rows of
+A collective on CPU tensors is launched first and recorded after, while the backend runs it:
+recorded first, every launch waited for the recorder's few microseconds, and on a small machine
+any work just before a gloo op costs more than itself (the control rows of
 ``benches/flight_overhead.py``). The order changes nothing a diagnosis reads: the op is recorded,
 issued and started, before anything waits for it, and a launch that raises is recorded failed.
-An op without an asynchronous form (the object collectives) may block in its call, so it is
-still recorded before it.
+An op that may block in its very call is still recorded before it, so that a hang there is seen:
+one without an asynchronous form (the object collectives), one without tensors (a barrier) and
+one on a device (NCCL sets up a group's communicator in its first op's launch, waiting for every
+peer; a synchronous one is made as the asynchronous call and its wait, marked completed once the
+device has run it).
 """
 
 from __future__ import annotations
@@ -87,11 +90,11 @@ def collective(
         rec = state.recorder if state.decided else _recorder.recorder()
         if rec is None:
             return fn(*args, **kwargs)
-        if async_arg.index < 0:  # no asynchronous form: recorded first, the call may block
-            ident = _describe_and_begin(args, kwargs)
-            return _recorder.finish_call(ident, False, fn, *args, **kwargs)
-        # Launched first, recorded while the backend runs it (see the module doc); a
-        # synchronous call is made as torch makes it: the asynchronous call, then its wait.
+        described = _tensors_of(tensor_arg(args, kwargs)) if tensor_arg is not None else []
+        if async_arg.index < 0 or not (described and described[0].is_cpu):
+            return _record_first(described, args, kwargs)
+        # On CPU tensors: launched first, recorded while the backend runs it (see the module
+        # doc); a synchronous call is made as torch makes it, the asynchronous call and its wait.
         is_async = bool(async_arg(args, kwargs))
         launch_args, launch_kwargs = (
             (args, kwargs) if is_async else async_arg.replaced(args, kwargs, True)
@@ -99,24 +102,38 @@ def collective(
         try:
             work = fn(*launch_args, **launch_kwargs)
         except BaseException as e:
-            _recorder.fail(_describe_and_begin(args, kwargs), e)
+            _recorder.fail(_begin(described, args, kwargs), e)
             raise
-        described = _tensors_of(tensor_arg(args, kwargs)) if tensor_arg is not None else []
-        ident = _recorder.launched(
-            name,
-            _recorder.describe_group(group_arg(args, kwargs)),
-            described,
-            op_arg(args, kwargs) if op_arg is not None else None,
-            with_shapes=not dtypes_only,
-        )
+        ident = _begin(described, args, kwargs)
+        _recorder.started(ident)
         if is_async:
             _recorder.hold_until_finished(ident, work)
             return work
-        _recorder.wait_launched(ident, work, on_device=_on_device(described))
+        _recorder.wait_launched(ident, work, on_device=False)
         return None
 
-    def _describe_and_begin(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Optional[int]:
-        described = _tensors_of(tensor_arg(args, kwargs)) if tensor_arg is not None else []
+    def _record_first(
+        described: list[torch.Tensor], args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
+        """An op that may block in its call, recorded before it (see the module doc)."""
+        ident = _begin(described, args, kwargs)
+        if async_arg.index < 0:
+            return _recorder.finish_call(ident, False, fn, *args, **kwargs)
+        is_async = bool(async_arg(args, kwargs))
+        if is_async or not _on_device(described):
+            return _recorder.finish_call(ident, is_async, fn, *args, **kwargs)
+        _recorder.started(ident)
+        try:
+            work = fn(*async_arg.replaced(args, kwargs, True))
+        except BaseException as e:
+            _recorder.fail(ident, e)
+            raise
+        _recorder.wait_launched(ident, work, on_device=True)
+        return None
+
+    def _begin(
+        described: list[torch.Tensor], args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Optional[int]:
         return _recorder.begin(
             name,
             _recorder.describe_group(group_arg(args, kwargs)),

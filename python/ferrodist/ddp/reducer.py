@@ -307,6 +307,10 @@ class Reducer(ReducerJoinSupport):
         for its view as real numbers.
         """
         group = self._process_group
+        # Recorded once launched, while the backend runs it; on a device first, as its launch
+        # may block (see ferrodist._recorded_ops).
+        launch_first = buffer.is_cpu
+        ident = None if launch_first else self._record_bucket(buffer)
         try:
             if buffer.is_complex():
                 work = tdist.all_reduce(buffer, group=group, async_op=True)
@@ -314,16 +318,20 @@ class Reducer(ReducerJoinSupport):
             else:
                 work = group.allreduce([buffer], self._all_reduce_options)
         except BaseException as e:
-            _flight.fail(self._record_bucket(buffer), e)
+            _flight.fail(self._record_bucket(buffer) if launch_first else ident, e)
             raise
-        # recorded once launched, while the backend runs it (see ferrodist._recorded_ops)
-        _flight.hold_until_finished(self._record_bucket(buffer), work)
+        if launch_first:
+            ident = self._record_bucket(buffer)
+        _flight.hold_until_finished(ident, work)
         return work.get_future()
 
     def _record_bucket(self, buffer: torch.Tensor) -> Optional[int]:
-        """Record a bucket's all-reduce, launched now; its id (None when recording is off)."""
+        """Record a bucket's all-reduce, issued and started; its id (None when recording is
+        off)."""
         group = self._process_group
-        return _flight.launched("ddp.all_reduce", _flight.describe_group(group), (buffer,), "SUM")
+        ident = _flight.begin("ddp.all_reduce", _flight.describe_group(group), (buffer,), "SUM")
+        _flight.started(ident)
+        return ident
 
     @property
     def _local_used(self) -> torch.Tensor:

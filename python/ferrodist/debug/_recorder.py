@@ -39,13 +39,13 @@ __all__ = [
     "finish_call",
     "forget_in_flight",
     "hold_until_finished",
-    "launched",
     "p2p_channel",
     "queued_only",
     "recorder",
     "run",
     "run_p2p",
     "short",
+    "started",
     "sweep",
     "wait_launched",
     "waited",
@@ -230,20 +230,11 @@ def waited(work: Any) -> None:
         _inflight.waited(rec, work)
 
 
-def launched(
-    op: str,
-    group: str,
-    tensors: Iterable[torch.Tensor],
-    reduce_op: Any = None,
-    with_shapes: bool = True,
-) -> Optional[int]:
-    """Record an operation whose call has returned, the backend running it: issued and started
-    now. Its id, or None when recording is off."""
-    ident = begin(op, group, tensors, reduce_op, with_shapes)
+def started(ident: Optional[int]) -> None:
+    """Mark ``ident`` started: its call is about to run, or has launched it."""
     rec = _State.recorder
     if rec is not None and ident is not None:
         rec.started(ident)
-    return ident
 
 
 _PLACEHOLDER_WORK: Optional[type] = getattr(_c10d, "_IllegalWork", None)

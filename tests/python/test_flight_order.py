@@ -1,0 +1,74 @@
+"""When an op is recorded against its launch: after it on CPU tensors (the recording overlaps the
+backend's work), before it where the launch itself may block (a device's first op sets up its
+communicator, waiting for every peer), so that a hang inside the launch is still on record."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import pytest
+import torch
+
+from ferrodist._recorded_ops import collective
+from ferrodist.debug import _recorder
+
+
+class _FakeWork:
+    def __init__(self) -> None:
+        self.waited = False
+
+    def wait(self) -> bool:
+        self.waited = True
+        return True
+
+    def is_completed(self) -> bool:
+        return self.waited
+
+    def get_future(self) -> Any:
+        raise RuntimeError("no future")
+
+
+@pytest.fixture
+def rec() -> Any:
+    recorder = _recorder.recorder()
+    if recorder is None:
+        pytest.skip("FERRODIST_FLIGHT_RECORDER=0 in this environment")
+    return recorder
+
+
+def _recorded_during_call(rec: Any, tensor: torch.Tensor, async_op: bool) -> tuple[list, Any]:
+    """The op names the ring holds while the fake collective's launch runs, and its result."""
+    seen: list[list[str]] = []
+    marker = f"test.order.{tensor.device.type}.{async_op}"
+
+    def fake(tensor: torch.Tensor, group: Optional[Any] = None, async_op: bool = False) -> Any:
+        seen.append([e["op"] for e in rec.entries() if e["op"] == marker])
+        return _FakeWork() if async_op else None
+
+    recorded = collective(marker, fake, "tensor")
+    result = recorded(tensor, async_op=async_op)
+    entries = [e for e in rec.entries() if e["op"] == marker]
+    assert len(entries) == 1, entries
+    return [seen[0], entries[0]], result
+
+
+@pytest.mark.parametrize("async_op", [False, True])
+def test_an_op_on_cpu_tensors_is_recorded_after_its_launch(rec: Any, async_op: bool) -> None:
+    (during, entry), result = _recorded_during_call(rec, torch.ones(2), async_op)
+    assert during == []  # the launch ran first
+    assert entry["shapes"] == [[2]] and entry["state"] in ("started", "completed")
+    if async_op:
+        assert isinstance(result, _FakeWork)
+        result.wait()
+        _recorder.waited(result)  # its issuer waited: completed, and no longer held
+        assert [e["state"] for e in rec.entries() if e["id"] == entry["id"]] == ["completed"]
+    else:  # made as the asynchronous call and its wait, returning what the sync call returns
+        assert result is None and entry["state"] == "completed"
+
+
+@pytest.mark.parametrize("async_op", [False, True])
+def test_an_op_off_the_cpu_is_recorded_before_its_launch(rec: Any, async_op: bool) -> None:
+    tensor = torch.empty(2, device="meta")  # not on the CPU, and runs anywhere
+    (during, entry), _ = _recorded_during_call(rec, tensor, async_op)
+    assert len(during) == 1  # on record while its launch ran
+    assert entry["shapes"] == [[2]]
