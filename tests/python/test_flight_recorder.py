@@ -54,6 +54,8 @@ def test_fsdp_traffic_is_recorded_as_fsdp(tmp_path):
 
 
 def test_point_to_point_ops_share_a_channel_and_a_name_on_both_ends(tmp_path):
+    """A channel per direction: transfers 0->1 and 1->0 issued in opposite orders on the two
+    ranks (the batch below) are not a desync."""
     outputs = outputs_of(start_world("p2p", 2, tmp_path), timeout=120)
     rings = []
     for out in outputs:
@@ -64,12 +66,15 @@ def test_point_to_point_ops_share_a_channel_and_a_name_on_both_ends(tmp_path):
         signatures[0][:2]
         == signatures[1][:2]
         == [
-            ("WORLD:p2p:0-1", 1, "p2p 0->1", [[3]]),
-            ("WORLD:p2p:0-1", 2, "p2p 0->1", [[3]]),
+            ("WORLD:p2p:0->1", 1, "p2p 0->1", [[3]]),
+            ("WORLD:p2p:0->1", 2, "p2p 0->1", [[3]]),
         ]
     )
     # the batch built with ferrodist.isend / irecv went through torch's batch_isend_irecv
     assert {e["op"] for e in rings[0][2:]} == {"p2p 0->1", "p2p 1->0"}
+    # each rank sent, then received, in the batch: every (channel, seq) is one op on both ends
+    by_seq = [{(e["group"], e["seq"]): (e["op"], e["shapes"]) for e in r} for r in rings]
+    assert by_seq[0] == by_seq[1], by_seq
     assert all(e["state"] == "completed" for r in rings for e in r), rings
     assert json.loads(values(outputs[1], "RESULT")[0]) == [0.0, 0.0, 0.0]
 

@@ -5,10 +5,13 @@ code object belongs to ferrodist or torch (the call site is the first frame that
 dtype names. Group names are what every member of a group calls it, so that the diagnosis can
 line the ranks' rings up: ``WORLD`` for the default group, torch's registered name otherwise.
 
-Point-to-point traffic goes on a channel per pair of ranks (``WORLD:p2p:0-1``) under the name of
-its direction (``p2p 0->1``), on both ends: a send and its receive then share a sequence number
-and a signature, only the two ranks are members of the channel, and the group's collective
-sequence has no gap on the ranks outside the pair (which would read as a rank falling behind).
+Point-to-point traffic goes on a channel per direction between two ranks (``WORLD:p2p:0->1``),
+named for it on both ends (``p2p 0->1``): a send and its receive then share a sequence number and
+a signature, only the two ranks are members of the channel, and the group's collective sequence
+has no gap on the ranks outside the pair (which would read as a rank falling behind). One channel
+per direction, not per pair, because transfers in opposite directions need not be issued in the
+same order on both ends (two ranks that each send, then receive, in one batch): only transfers
+in one direction are matched in order by every backend.
 """
 
 from __future__ import annotations
@@ -116,5 +119,4 @@ def p2p_channel(group: Any, peer: int, sending: bool) -> tuple[str, str]:
     """(group key, op name) of a point-to-point transfer with global rank ``peer``."""
     me = _tdist.get_rank()
     src, dst = (me, peer) if sending else (peer, me)
-    low, high = (src, dst) if src < dst else (dst, src)
-    return f"{describe_group(group)}:p2p:{low}-{high}", f"p2p {src}->{dst}"
+    return f"{describe_group(group)}:p2p:{src}->{dst}", f"p2p {src}->{dst}"
