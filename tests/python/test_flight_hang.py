@@ -145,3 +145,23 @@ def test_sigusr1_dumps_a_stuck_rank_and_the_doctor_reads_the_dumps(tmp_path, as_
     else:
         assert "rank 0 last completed #3" in done.stdout, done.stdout
         assert site("stuck") in done.stdout, done.stdout
+
+
+def test_a_failure_gets_a_report_only_where_the_diagnosis_can_explain_it():
+    """An op that fails at once on every rank (torch 2.4's gloo refuses ``ReduceOp.AVG`` when
+    waited for) must not carry a hang report built from summaries published before it: ranks
+    "behind" count only once the op has waited the threshold; a gone rank or a desync at once."""
+    from types import SimpleNamespace
+
+    from ferrodist.debug._watchdog import Watchdog, _Findings
+
+    watchdog = SimpleNamespace(threshold_s=THRESHOLD_S)
+
+    def explains(gone: list[int], desynced: bool, waited_s: float) -> bool:
+        findings = _Findings("report", True, [1], gone, desynced, waited_s)
+        return Watchdog._explains_failure(watchdog, findings)  # type: ignore[arg-type]
+
+    assert not explains([], False, 0.01)  # merely not yet seen issuing it
+    assert explains([], False, THRESHOLD_S)  # waited as long as a hang must
+    assert explains([2], False, 0.01)  # a peer died under the op
+    assert explains([], True, 0.01)  # ranks issued different ops at this number

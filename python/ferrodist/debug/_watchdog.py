@@ -31,7 +31,7 @@ import socket
 import threading
 import time
 from datetime import timedelta
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 
 from ferrodist import _native
 from ferrodist.debug import _dump, _recorder
@@ -89,6 +89,18 @@ def _process_exists(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
     except (OSError, IndexError):
         return True
+
+
+class _Findings(NamedTuple):
+    """One diagnosis, as ``Watchdog._diagnose`` reads it from every rank's summary."""
+
+    text: str
+    found: bool
+    waiting: list[int]
+    gone: list[int]
+    desynced: bool
+    waited_s: float
+    """How long this rank's oldest pending op has waited (0 when none is pending)."""
 
 
 class Watchdog:
@@ -231,7 +243,7 @@ class Watchdog:
         waited = time.time() - (oldest.get("issued_at_ms") or 0) / 1000
         if waited < self.threshold_s:
             return
-        text, found, waiting, gone = self._diagnose(mine)
+        text, found, waiting, gone = self._diagnose(mine)[:4]
         if not found:
             return
         self.report = text
@@ -268,14 +280,15 @@ class Watchdog:
     def diagnose(self, mine: Optional[str] = None) -> tuple[str, bool, list[int]]:
         """(report text, whether it found anything, the ranks waiting in an op), from every
         rank's published summary."""
-        text, found, waiting, _ = self._diagnose(mine)
-        return text, found, waiting
+        findings = self._diagnose(mine)
+        return findings.text, findings.found, findings.waiting
 
-    def _diagnose(self, mine: Optional[str] = None) -> tuple[str, bool, list[int], list[int]]:
-        """``diagnose``'s answer and the ranks found gone."""
+    def _diagnose(self, mine: Optional[str] = None) -> _Findings:
+        """``diagnose``'s answer, the ranks found gone, whether a desync was, and how long this
+        rank's oldest pending op has waited."""
         rec = _recorder.recorder()
         if rec is None:
-            return "", False, [], []
+            return _Findings("", False, [], [], False, 0.0)
         if mine is None:
             mine = self.publish()
         summaries = [mine]
@@ -299,7 +312,10 @@ class Watchdog:
         if not waiting:  # a desync or a gone rank alone: the ranks with an op pending
             waiting = sorted(s["rank"] for s in map(json.loads, summaries) if s.get("pending"))
         gone = sorted({g["rank"] for g in parsed.get("gone") or []})
-        return text, found, waiting, gone
+        pending = json.loads(mine).get("pending") or []
+        issued_ms = pending[0].get("issued_at_ms") if pending else None
+        waited_s = time.time() - issued_ms / 1000 if issued_ms else 0.0
+        return _Findings(text, found, waiting, gone, bool(parsed.get("desyncs")), waited_s)
 
     def _age_if_dead(self, summary: str, exited: list[tuple[int, int]]) -> str:
         """``summary``, with its heartbeat made older than the timeout when it names a process
@@ -327,12 +343,21 @@ class Watchdog:
         # A peer that died makes this op fail while the kernel is still tearing the process
         # down (its sockets close before it is a zombie): look again for a moment.
         for attempt in range(4):
-            text, found, _ = self.diagnose()
-            if found:
-                return text
+            findings = self._diagnose()
+            if findings.found and self._explains_failure(findings):
+                return findings.text
             if attempt < 3:
                 time.sleep(0.25)
         return None
+
+    def _explains_failure(self, findings: _Findings) -> bool:
+        """Whether a diagnosis may be attached to a failed op's error. A gone rank or a desync
+        is seen at once. Ranks "behind" are read from summaries published once a period, so
+        they only mean something once the op has waited as long as a hang must (the
+        threshold): an op that fails at once (torch 2.4's gloo refuses ``ReduceOp.AVG`` on
+        every rank when waited for) would otherwise name peers that were merely not yet seen
+        issuing it."""
+        return bool(findings.gone) or findings.desynced or findings.waited_s >= self.threshold_s
 
 
 class _Current:
