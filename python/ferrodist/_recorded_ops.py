@@ -123,8 +123,9 @@ def collective(
         if is_async or not _on_device(described):
             return _recorder.finish_call(ident, is_async, fn, *args, **kwargs)
         _recorder.started(ident)
+        launch_args, launch_kwargs = async_arg.replaced(args, kwargs, True)
         try:
-            work = fn(*async_arg.replaced(args, kwargs, True))
+            work = fn(*launch_args, **launch_kwargs)
         except BaseException as e:
             _recorder.fail(ident, e)
             raise

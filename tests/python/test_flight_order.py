@@ -72,3 +72,30 @@ def test_an_op_off_the_cpu_is_recorded_before_its_launch(rec: Any, async_op: boo
     (during, entry), _ = _recorded_during_call(rec, tensor, async_op)
     assert len(during) == 1  # on record while its launch ran
     assert entry["shapes"] == [[2]]
+
+
+def test_a_synchronous_op_on_a_device_is_launched_asynchronously_then_waited(
+    rec: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a device a synchronous call returns once its op is enqueued, so it is made as the
+    asynchronous call and its wait, and the op stays pending until the device has run it (the
+    CUDA path, checked here on a ``meta`` tensor taken for a device one)."""
+    import ferrodist._recorded_ops as recorded_ops
+
+    monkeypatch.setattr(recorded_ops, "_on_device", lambda tensors: True)
+    calls: list[tuple[Any, bool]] = []
+    works: list[_FakeWork] = []
+
+    def fake(tensor: torch.Tensor, group: Optional[Any] = None, async_op: bool = False) -> Any:
+        calls.append((tensor, async_op))
+        works.append(_FakeWork())
+        return works[-1]
+
+    tensor = torch.empty(2, device="meta")
+    marker = "test.order.device.sync"
+    assert collective(marker, fake, "tensor")(tensor) is None  # what the synchronous call returns
+    assert len(calls) == 1 and calls[0][0] is tensor and calls[0][1] is True
+    assert works[0].waited
+    _recorder.waited(works[0])  # held until the device is done: here, its work says so
+    states = [e["state"] for e in rec.entries() if e["op"] == marker]
+    assert states == ["completed"], states
