@@ -91,45 +91,31 @@ def collective(
         if rec is None:
             return fn(*args, **kwargs)
         described = _tensors_of(tensor_arg(args, kwargs)) if tensor_arg is not None else []
-        if async_arg.index < 0 or not (described and described[0].is_cpu):
-            return _record_first(described, args, kwargs)
-        # On CPU tensors: launched first, recorded while the backend runs it (see the module
-        # doc); a synchronous call is made as torch makes it, the asynchronous call and its wait.
         is_async = bool(async_arg(args, kwargs))
+        on_cpu = bool(described) and described[0].is_cpu
+        if async_arg.index < 0 or (not on_cpu and (is_async or not _on_device(described))):
+            # may block in its very call (see the module doc): recorded first, called as it is
+            ident = _begin(described, args, kwargs)
+            return _recorder.finish_call(ident, is_async, fn, *args, **kwargs)
+        # Launched asynchronously (a synchronous call as torch makes it: the asynchronous call,
+        # then its wait); on CPU tensors recorded after the launch, on a device before it.
+        ident = None if on_cpu else _begin(described, args, kwargs)
+        _recorder.started(ident)
         launch_args, launch_kwargs = (
             (args, kwargs) if is_async else async_arg.replaced(args, kwargs, True)
         )
         try:
             work = fn(*launch_args, **launch_kwargs)
         except BaseException as e:
-            _recorder.fail(_begin(described, args, kwargs), e)
+            _recorder.fail(_begin(described, args, kwargs) if on_cpu else ident, e)
             raise
-        ident = _begin(described, args, kwargs)
-        _recorder.started(ident)
+        if on_cpu:
+            ident = _begin(described, args, kwargs)
+            _recorder.started(ident)
         if is_async:
             _recorder.hold_until_finished(ident, work)
             return work
-        _recorder.wait_launched(ident, work, on_device=False)
-        return None
-
-    def _record_first(
-        described: list[torch.Tensor], args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> Any:
-        """An op that may block in its call, recorded before it (see the module doc)."""
-        ident = _begin(described, args, kwargs)
-        if async_arg.index < 0:
-            return _recorder.finish_call(ident, False, fn, *args, **kwargs)
-        is_async = bool(async_arg(args, kwargs))
-        if is_async or not _on_device(described):
-            return _recorder.finish_call(ident, is_async, fn, *args, **kwargs)
-        _recorder.started(ident)
-        launch_args, launch_kwargs = async_arg.replaced(args, kwargs, True)
-        try:
-            work = fn(*launch_args, **launch_kwargs)
-        except BaseException as e:
-            _recorder.fail(ident, e)
-            raise
-        _recorder.wait_launched(ident, work, on_device=True)
+        _recorder.wait_launched(ident, work, on_device=not on_cpu)
         return None
 
     def _begin(

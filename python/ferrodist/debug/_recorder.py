@@ -217,9 +217,13 @@ def finish_call(
     if async_op and not queued_only(result):
         watch(ident, result)
     else:
-        rec.completed(ident)
-        _inflight.completed(ident)
+        _completed(rec, ident)
     return result
+
+
+def _completed(rec: _native.FlightRecorder, ident: int) -> None:
+    rec.completed(ident)
+    _inflight.completed(ident)
 
 
 def waited(work: Any) -> None:
@@ -255,8 +259,7 @@ def hold_until_finished(ident: Optional[int], work: Any) -> None:
     if rec is None or ident is None:
         return
     if queued_only(work):
-        rec.completed(ident)
-        _inflight.completed(ident)
+        _completed(rec, ident)
     else:
         _inflight.hold(ident, work)
 
@@ -277,8 +280,7 @@ def wait_launched(ident: Optional[int], work: Any, on_device: bool) -> None:
         return
     rec = _State.recorder
     if rec is not None and ident is not None:
-        rec.completed(ident)
-        _inflight.completed(ident)
+        _completed(rec, ident)
 
 
 def run_p2p(

@@ -91,6 +91,11 @@ def _process_exists(pid: int) -> bool:
         return True
 
 
+def _waited_s(op: dict[str, Any]) -> float:
+    """How long a pending op of a summary has waited since it was issued."""
+    return time.time() - (op.get("issued_at_ms") or 0) / 1000
+
+
 class _Findings(NamedTuple):
     """One diagnosis, as ``Watchdog._diagnose`` reads it from every rank's summary."""
 
@@ -240,11 +245,11 @@ class Watchdog:
             self.report = None
             return
         oldest = pending[0]
-        waited = time.time() - (oldest.get("issued_at_ms") or 0) / 1000
-        if waited < self.threshold_s:
+        if _waited_s(oldest) < self.threshold_s:
             return
-        text, found, waiting, gone = self._diagnose(mine)[:4]
-        if not found:
+        findings = self._diagnose(mine)
+        text, waiting, gone = findings.text, findings.waiting, findings.gone
+        if not findings.found:
             return
         self.report = text
         claim = f"{oldest.get('group')}/{oldest.get('seq')}"
@@ -313,8 +318,7 @@ class Watchdog:
             waiting = sorted(s["rank"] for s in map(json.loads, summaries) if s.get("pending"))
         gone = sorted({g["rank"] for g in parsed.get("gone") or []})
         pending = json.loads(mine).get("pending") or []
-        issued_ms = pending[0].get("issued_at_ms") if pending else None
-        waited_s = time.time() - issued_ms / 1000 if issued_ms else 0.0
+        waited_s = _waited_s(pending[0]) if pending else 0.0
         return _Findings(text, found, waiting, gone, bool(parsed.get("desyncs")), waited_s)
 
     def _age_if_dead(self, summary: str, exited: list[tuple[int, int]]) -> str:
