@@ -1,10 +1,12 @@
-"""One rank of the worlds started by test_fsdp_reduce_scatter.py: FSDP's reduce-scatter on gloo
-composed of an all-to-all and a local sum (see ``fsdp._flat_grad._sums_by_all_to_all``).
+"""One rank of the worlds started by test_fsdp_reduce_scatter.py: FSDP's all-gather and
+reduce-scatter on gloo composed of receives and sends posted first, and a local sum in rank
+order for the reduce-scatter (see ``fsdp._exchange``).
 
-The same model trains one step with the composed path and with gloo's own reduce-scatter
-(``FERRODIST_FSDP_ALL_TO_ALL_REDUCE_SCATTER`` set per run); the composed path must really be
-taken (its function is counted), and its gradients must equal gloo's: bit for bit at two ranks,
-to rounding at three. Prints ``RESULT name PASS|FAIL why``.
+The same model trains one step with the composed path and with gloo's own collectives
+(``FERRODIST_FSDP_EXCHANGE`` set per run); the composed path must really be taken (its
+exchanges are counted), and its parameters and gradients must equal gloo's: bit for bit at two
+ranks, to rounding at three (the gathered parameters bit for bit at any size). Prints
+``RESULT name PASS|FAIL why``.
 """
 
 from __future__ import annotations
@@ -20,39 +22,44 @@ import torch.distributed as dist
 from _scenario_world import run_scenarios
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
-import ferrodist.fsdp._flat_grad as flat_grad
+import ferrodist.fsdp._exchange as exchange
 from ferrodist.fsdp import FullyShardedDataParallel as FSDP
 
-_calls = {"all_to_all": 0}
-_composed = flat_grad.reduce_scatter_by_all_to_all
+_calls = {"exchange": 0}
+_composed = exchange._exchange
 
 
 def _counted(*args: Any, **kwargs: Any) -> Any:
-    _calls["all_to_all"] += 1
+    _calls["exchange"] += 1
     return _composed(*args, **kwargs)
 
 
-flat_grad.reduce_scatter_by_all_to_all = _counted  # type: ignore[assignment]
+exchange._exchange = _counted  # type: ignore[assignment]
 
 
 def _grads(base: torch.nn.Module, setting: str) -> list[torch.Tensor]:
-    os.environ["FERRODIST_FSDP_ALL_TO_ALL_REDUCE_SCATTER"] = setting
+    os.environ["FERRODIST_FSDP_EXCHANGE"] = setting
     model = FSDP(copy.deepcopy(base), auto_wrap_policy=ModuleWrapPolicy({torch.nn.Linear}))
     g = torch.Generator().manual_seed(dist.get_rank())
     model(torch.randn(5, 9, generator=g)).square().mean().backward()
-    return [p.grad.clone() for p in model.parameters() if p.grad is not None]
+    grads = [p.grad.clone() for p in model.parameters() if p.grad is not None]
+    with FSDP.summon_full_params(model):  # an all-gather per unit
+        full = [p.detach().clone() for p in model.parameters()]
+    return grads + full
 
 
 def run(composed_by_default: bool) -> None:
     torch.manual_seed(0)
     base = torch.nn.Sequential(torch.nn.Linear(9, 31), torch.nn.Tanh(), torch.nn.Linear(31, 3))
-    _calls["all_to_all"] = 0
+    _calls["exchange"] = 0
     gloo = _grads(base, "0")
-    assert _calls["all_to_all"] == 0, _calls
+    assert _calls["exchange"] == 0, _calls
     composed = _grads(base, "1")
-    assert _calls["all_to_all"] >= 2, _calls  # one per unit
+    # per unit: a gather in forward and in backward, a reduce-scatter, a gather to summon
+    assert _calls["exchange"] >= 8, _calls
+    taken = _calls["exchange"]
     default = _grads(base, "")
-    assert (_calls["all_to_all"] >= 4) == composed_by_default, _calls
+    assert (_calls["exchange"] >= 2 * taken) == composed_by_default, _calls
     exact = dist.get_world_size() == 2
     for a, b in zip(gloo, composed):
         if exact:

@@ -1,6 +1,7 @@
-"""FSDP's reduce-scatter on gloo by an all-to-all and a local sum (half the bytes of gloo's own):
-taken by default at two ranks and equal to gloo's bit for bit there; opt-in at three, equal to
-rounding (see _fsdp_reduce_scatter_worker)."""
+"""FSDP's all-gather and reduce-scatter on gloo composed of receives and sends posted first (the
+link's rate both ways, and half the bytes of gloo's own reduce-scatter): taken by default at two
+ranks and equal to gloo's bit for bit there; opt-in at three, equal to rounding (see
+_fsdp_reduce_scatter_worker)."""
 
 from __future__ import annotations
 

@@ -14,7 +14,6 @@ post-divide factor, and add to any gradient kept from an earlier backward.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
@@ -25,10 +24,11 @@ from torch import nn
 
 from ferrodist.debug import _recorder
 
+from . import _exchange
 from ._collectives import (
     all_gather_flat,
     all_reduce,
-    reduce_scatter_by_all_to_all,
+    reduce_scatter_by_exchange,
     reduce_scatter_flat,
 )
 
@@ -46,20 +46,6 @@ class Reduction:
     replicate_group: Optional[dist.ProcessGroup] = None
     hook: Optional[Callable[..., Any]] = None
     hook_state: Any = None
-
-
-def _sums_by_all_to_all(group: Any, padded: torch.Tensor) -> bool:
-    """Whether to reduce-scatter on gloo by an all-to-all and a local sum in rank order, which
-    moves half the bytes of gloo's own reduce-scatter (an all-reduce underneath). At two ranks
-    the sum is torch's bit for bit (a + b either way round), so it is the default there; at
-    three or more the order of the additions differs from gloo's ring, so it is used only when
-    ``FERRODIST_FSDP_ALL_TO_ALL_REDUCE_SCATTER=1`` asks (``=0`` keeps gloo's at any size)."""
-    if padded.device.type != "cpu" or dist.get_backend(group) != "gloo":
-        return False
-    chosen = os.environ.get("FERRODIST_FSDP_ALL_TO_ALL_REDUCE_SCATTER", "")
-    if chosen.strip() in ("0", "1"):
-        return chosen.strip() == "1"
-    return dist.get_world_size(group) == 2
 
 
 def _divide(tensor: torch.Tensor, factor: float) -> None:
@@ -99,8 +85,8 @@ class FlatGrads:
         self._reduction_in_flight: Optional[
             tuple[Any, torch.Tensor, Optional[torch.Tensor], float]
         ] = None
-        """A reduce-scatter left running: (its work, the shard it fills, the chunks an
-        all-to-all receives when it is composed from one, the post-divide still to apply)."""
+        """A reduce-scatter left running: (its work, the shard it fills, the chunks it receives
+        when it is composed of an exchange, the post-divide still to apply)."""
 
     # ----- before and after the backward -----
 
@@ -152,11 +138,9 @@ class FlatGrads:
         shard = torch.empty(self.layout.shard_numel, dtype=unsharded.dtype, device=unsharded.device)
         if reduction.hook is None and reduction.replicate_group is None:
             _divide(padded, reduction.predivide)
-            if _sums_by_all_to_all(self.group, padded):
+            if _exchange.chosen_for(self.group, padded):
                 received = torch.empty_like(padded)
-                work = reduce_scatter_by_all_to_all(
-                    received, padded, group=self.group, async_op=True
-                )
+                work = reduce_scatter_by_exchange(received, padded, group=self.group, async_op=True)
             else:
                 received = None
                 work = reduce_scatter_flat(shard, padded, group=self.group, async_op=True)
