@@ -1,9 +1,9 @@
 """One rank of the worlds started by test_fsdp_reduce_scatter.py: FSDP's all-gather and
 reduce-scatter on gloo composed of receives and sends posted first, and a local sum in rank
-order for the reduce-scatter (see ``fsdp._exchange``).
+order for the reduce-scatter (see ``ferrodist._exchange``).
 
 The same model trains one step with the composed path and with gloo's own collectives
-(``FERRODIST_FSDP_EXCHANGE`` set per run); the composed path must really be taken (its
+(``FERRODIST_EXCHANGE`` set per run); the composed path must really be taken (its
 exchanges are counted), and its parameters and gradients must equal gloo's: bit for bit at two
 ranks, to rounding at three (the gathered parameters bit for bit at any size). Prints
 ``RESULT name PASS|FAIL why``.
@@ -22,7 +22,7 @@ import torch.distributed as dist
 from _scenario_world import run_scenarios
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
-import ferrodist.fsdp._exchange as exchange
+import ferrodist._exchange as exchange
 from ferrodist.fsdp import FullyShardedDataParallel as FSDP
 
 _calls = {"exchange": 0}
@@ -38,7 +38,7 @@ exchange._exchange = _counted  # type: ignore[assignment]
 
 
 def _grads(base: torch.nn.Module, setting: str) -> list[torch.Tensor]:
-    os.environ["FERRODIST_FSDP_EXCHANGE"] = setting
+    os.environ["FERRODIST_EXCHANGE"] = setting
     model = FSDP(copy.deepcopy(base), auto_wrap_policy=ModuleWrapPolicy({torch.nn.Linear}))
     g = torch.Generator().manual_seed(dist.get_rank())
     model(torch.randn(5, 9, generator=g)).square().mean().backward()

@@ -13,9 +13,9 @@ from typing import Any, Callable, Optional
 import torch
 import torch.distributed as dist
 
+from ferrodist._exchange import all_gather as exchange_all_gather
+from ferrodist._exchange import chosen_for, reduce_scatter_rows
 from ferrodist._recorded_ops import collective
-
-from . import _exchange
 
 _torch_all_gather: Callable[..., Any] = getattr(
     dist, "all_gather_single", dist.all_gather_into_tensor
@@ -28,14 +28,14 @@ def _all_gather(
     group: Any = None,
     async_op: bool = False,
 ) -> Optional[Any]:
-    if _exchange.chosen_for(group, input_tensor):
-        return _exchange.all_gather(output_tensor, input_tensor, group, async_op)
+    if chosen_for(group, input_tensor):
+        return exchange_all_gather(output_tensor, input_tensor, group, async_op)
     return _torch_all_gather(output_tensor, input_tensor, group=group, async_op=async_op)
 
 
 all_gather_flat: Callable[..., Any] = collective("fsdp.all_gather", _all_gather, "input_tensor")
 """``all_gather_flat(output, input, group=...)``: every rank's ``input`` concatenated (on gloo
-at two ranks by exchange: ``_exchange``)."""
+at two ranks by exchange: ``ferrodist._exchange``)."""
 
 reduce_scatter_flat: Callable[..., Any] = collective(
     "fsdp.reduce_scatter",
@@ -49,9 +49,9 @@ all_reduce: Callable[..., Any] = collective("fsdp.all_reduce", dist.all_reduce, 
 """``all_reduce(tensor, group=...)``: a gradient's sum across a (replicate) group."""
 
 reduce_scatter_by_exchange: Callable[..., Any] = collective(
-    "fsdp.reduce_scatter", _exchange.reduce_scatter_rows, "input"
+    "fsdp.reduce_scatter", reduce_scatter_rows, "input"
 )
 """``reduce_scatter_by_exchange(received, input, group=...)``: each rank's chunk of ``input``
 sent to that rank, ``received`` holding every rank's chunk for this one (row = sender); the
 sum is taken by the caller. What a reduce-scatter must move, (W-1)/W of the input per rank,
-where gloo's own reduce-scatter moves twice that (see ``_exchange``)."""
+where gloo's own reduce-scatter moves twice that (see ``ferrodist._exchange``)."""

@@ -22,9 +22,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from ferrodist._exchange import chosen_for
 from ferrodist.debug import _recorder
 
-from . import _exchange
 from ._collectives import (
     all_gather_flat,
     all_reduce,
@@ -138,7 +138,7 @@ class FlatGrads:
         shard = torch.empty(self.layout.shard_numel, dtype=unsharded.dtype, device=unsharded.device)
         if reduction.hook is None and reduction.replicate_group is None:
             _divide(padded, reduction.predivide)
-            if _exchange.chosen_for(self.group, padded):
+            if chosen_for(self.group, padded):
                 received = torch.empty_like(padded)
                 work = reduce_scatter_by_exchange(received, padded, group=self.group, async_op=True)
             else:

@@ -28,6 +28,7 @@ from torch import nn
 from torch.distributed.algorithms.join import Join, Joinable, JoinHook
 from torch.optim import Optimizer
 
+from ferrodist._exchange import broadcast_each, chosen_for
 from ferrodist._recorded_ops import collective
 from ferrodist.optim import _bucket_view, _checkpoint
 from ferrodist.optim._forward_overlap import ForwardOverlap, OverlapHandle
@@ -50,6 +51,7 @@ __all__ = ["ZeroRedundancyOptimizer"]
 logger = logging.getLogger(__name__)
 
 _broadcast = collective("zero.broadcast", dist.broadcast, "tensor")
+_broadcast_each = collective("zero.broadcast", broadcast_each, "tensors")
 
 
 class _ZeROJoinHook(JoinHook):
@@ -381,6 +383,12 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable):
         """Give every rank every shard's updated parameters."""
         if self._forward_overlap is not None:
             self._sync_params_overlapped(self._forward_overlap)
+            return
+        plan = self._broadcast_plan()
+        if plan and chosen_for(self.process_group, plan[0][0]):
+            # gloo at two ranks: one exchange, every receive posted first (``_exchange``)
+            tensors = [tensor for tensor, _, _ in plan]
+            _broadcast_each(tensors, [rank for _, rank, _ in plan], group=self.process_group)
             return
         handles = [h for r in range(self.world_size) for h in self._broadcast_params_from_rank(r)]
         for handle in handles:

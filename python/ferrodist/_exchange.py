@@ -1,19 +1,21 @@
-"""FSDP's all-gather and reduce-scatter on gloo, composed of sends and receives posted first.
+"""Collectives on gloo composed of torch's sends and receives, every receive posted first.
 
 Why: between two hosts, gloo's own collectives move the right bytes at half the link's rate. A
 transfer that both ranks of a pair make at once over their one connection, each sending before
 it has posted its receive, runs at about half speed (67 MB each way over a 1 Gbit/s lab link:
-2.05x the link time), and that is what gloo's all-gather (1.84x) and all-to-all (2.35x) do at two
-ranks. Posting every receive before any send runs both directions at the link's rate (1.04x;
-``benches/bench_comm_bound.py`` and ``benches/README.md`` have the figures). The bytes are the
-minimum, (W-1)/W of the gathered or reduced tensor per rank, and nothing is computed on the way:
-an all-gather is the same bits however it is moved, and a reduce-scatter's sum is taken by the
-caller in rank order, as it was over the all-to-all.
+2.05x the link time), and that is what gloo's all-gather (1.84x), all-to-all (2.35x) and a pair
+of broadcasts in opposite directions (2.1x) do at two ranks. Posting every receive before any
+send runs both directions at the link's rate (1.04x; see ``benches/README.md``). Used for FSDP's
+all-gather and reduce-scatter and ZeRO's parameter broadcasts: the bytes are the minimum,
+(W-1)/W of the gathered, reduced or broadcast tensors per rank, and nothing is computed on the
+way (a reduce-scatter's sum is the caller's, in rank order), so the bits are gloo's wherever the
+sum of two is (at two ranks, the default; ``chosen_for``).
 
 The transfers are torch's own ``irecv`` and ``isend`` (never a transport of our own), each
 operation on a tag of its own so that two in flight on a group (a prefetched all-gather beside a
 reduce-scatter) cannot take each other's messages; every rank issues a group's operations in
-the same order, so the tags agree.
+the same order, so the tags agree, and within one operation the messages of one direction are
+matched in the order both ends issue them.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as _c10d
 
-__all__ = ["ExchangeWork", "all_gather", "chosen_for", "reduce_scatter_rows"]
+__all__ = ["ExchangeWork", "all_gather", "broadcast_each", "chosen_for", "reduce_scatter_rows"]
 
 _TAG_BASE = 0x4000_0000
 """Tags far above what user code passes to ``send`` / ``recv`` (0 by default), so a user's
@@ -39,11 +41,11 @@ destroyed group's backend is not kept alive here."""
 
 
 def chosen_for(group: Any, tensor: torch.Tensor) -> bool:
-    """Whether FSDP moves ``tensor``'s collectives on ``group`` by exchange: CPU tensors on a
-    gloo group of two ranks, where the result is gloo's bit for bit (a reduce-scatter's sum of
-    two is the same either way round). ``FERRODIST_FSDP_EXCHANGE=0`` keeps gloo's collectives;
-    ``=1`` asks for the exchange at any size (a reduce-scatter then sums in rank order, not in
-    gloo's ring order: see the README)."""
+    """Whether ``tensor``'s collectives on ``group`` go by exchange: CPU tensors on a gloo group
+    of two ranks, where the result is gloo's bit for bit (a reduce-scatter's sum of two is the
+    same either way round). ``FERRODIST_EXCHANGE=0`` keeps gloo's collectives; ``=1`` asks for
+    the exchange at any size (an FSDP reduce-scatter then sums in rank order, not in gloo's
+    ring order: see the README)."""
     if not tensor.is_cpu:
         return False
     group = group if group is not None else _c10d._get_default_group()
@@ -53,7 +55,7 @@ def chosen_for(group: Any, tensor: torch.Tensor) -> bool:
         _gloo_size[group] = size
     if not size:
         return False
-    chosen = os.environ.get("FERRODIST_FSDP_EXCHANGE", "").strip()
+    chosen = os.environ.get("FERRODIST_EXCHANGE", "").strip()
     if chosen in ("0", "1"):
         return chosen == "1"
     return size == 2
@@ -84,19 +86,26 @@ class ExchangeWork:
         raise RuntimeError("ExchangeWork::getFuture not implemented (poll is_completed)")
 
 
-def _exchange(group: Any, sends: list[torch.Tensor], receives: list[torch.Tensor]) -> ExchangeWork:
-    """Send ``sends[r]`` to and receive ``receives[r]`` from every other rank ``r`` of
-    ``group`` (group ranks; this rank's own entries are skipped): every receive first."""
+def _exchange(
+    group: Any, receives: list[tuple[torch.Tensor, int]], sends: list[tuple[torch.Tensor, int]]
+) -> ExchangeWork:
+    """Post every ``(tensor, group rank)`` receive, then every send, on one new tag."""
     group = group if group is not None else _c10d._get_default_group()
-    me = dist.get_rank(group)
-    tag = _TAG_BASE + _next_tag.get(group, 0) % _TAG_SPAN
-    _next_tag[group] = _next_tag.get(group, 0) + 1
-    peers = [
-        (r, dist.get_global_rank(group, r)) for r in range(dist.get_world_size(group)) if r != me
+    count = _next_tag.get(group, 0)
+    _next_tag[group] = count + 1
+    tag = _TAG_BASE + count % _TAG_SPAN
+    works = [
+        dist.irecv(t, dist.get_global_rank(group, r), group=group, tag=tag) for t, r in receives
     ]
-    works = [dist.irecv(receives[r], peer, group=group, tag=tag) for r, peer in peers]
-    works += [dist.isend(sends[r], peer, group=group, tag=tag) for r, peer in peers]
+    works += [dist.isend(t, dist.get_global_rank(group, r), group=group, tag=tag) for t, r in sends]
     return ExchangeWork(works)
+
+
+def _finish(work: ExchangeWork, async_op: bool) -> Optional[ExchangeWork]:
+    if async_op:
+        return work
+    work.wait()
+    return None
 
 
 def all_gather(
@@ -107,14 +116,14 @@ def all_gather(
 ) -> Optional[ExchangeWork]:
     """``all_gather_into_tensor``'s contract: every rank's ``input_tensor`` concatenated into
     ``output_tensor`` in rank order."""
+    me = dist.get_rank(group)
     slots = list(output_tensor.view(-1, input_tensor.numel()))
-    slots[dist.get_rank(group)].copy_(input_tensor.view(-1))
     flat = input_tensor.view(-1)
-    work = _exchange(group, [flat] * len(slots), slots)
-    if async_op:
-        return work
-    work.wait()
-    return None
+    slots[me].copy_(flat)
+    peers = [r for r in range(len(slots)) if r != me]
+    return _finish(
+        _exchange(group, [(slots[r], r) for r in peers], [(flat, r) for r in peers]), async_op
+    )
 
 
 def reduce_scatter_rows(
@@ -126,13 +135,26 @@ def reduce_scatter_rows(
     """Rank ``r``'s chunk of ``input`` sent to rank ``r``; ``received`` (shaped like
     ``input``) holds every rank's chunk for this one, row = sender, this rank's own copied in.
     The sum of the rows is the caller's to take."""
-    world = dist.get_world_size(group)
-    chunks = list(input.view(world, -1))
-    rows = list(received.view(world, -1))
     me = dist.get_rank(group)
+    chunks = list(input.view(dist.get_world_size(group), -1))
+    rows = list(received.view(len(chunks), -1))
     rows[me].copy_(chunks[me])
-    work = _exchange(group, chunks, rows)
-    if async_op:
-        return work
-    work.wait()
-    return None
+    peers = [r for r in range(len(chunks)) if r != me]
+    return _finish(
+        _exchange(group, [(rows[r], r) for r in peers], [(chunks[r], r) for r in peers]), async_op
+    )
+
+
+def broadcast_each(
+    tensors: list[torch.Tensor],
+    owners: list[int],
+    group: Any = None,
+    async_op: bool = False,
+) -> Optional[ExchangeWork]:
+    """``broadcast(tensors[i], src=owners[i])`` for every ``i`` (owners are group ranks): the
+    owner's tensor lands in every other rank's, bit for bit."""
+    me = dist.get_rank(group)
+    peers = [r for r in range(dist.get_world_size(group)) if r != me]
+    receives = [(t, owner) for t, owner in zip(tensors, owners) if owner != me]
+    sends = [(t, r) for t, owner in zip(tensors, owners) if owner == me for r in peers]
+    return _finish(_exchange(group, receives, sends), async_op)
