@@ -1,15 +1,16 @@
 """Collectives on gloo composed of torch's sends and receives, every receive posted first.
 
-Why: between two hosts, gloo's own collectives move the right bytes at half the link's rate. A
-transfer that both ranks of a pair make at once over their one connection, each sending before
-it has posted its receive, runs at about half speed (67 MB each way over a 1 Gbit/s lab link:
-2.05x the link time), and that is what gloo's all-gather (1.84x), all-to-all (2.35x) and a pair
-of broadcasts in opposite directions (2.1x) do at two ranks. Posting every receive before any
-send runs both directions at the link's rate (1.04x; see ``benches/README.md``). Used for FSDP's
-all-gather and reduce-scatter and ZeRO's parameter broadcasts: the bytes are the minimum,
-(W-1)/W of the gathered, reduced or broadcast tensors per rank, and nothing is computed on the
-way (a reduce-scatter's sum is the caller's, in rank order), so the bits are gloo's wherever the
-sum of two is (at two ranks, the default; ``chosen_for``).
+Why: between two hosts, gloo's own collectives move the right bytes at up to half the link's
+rate. A transfer that both ranks of a pair make at once over their one connection, each sending
+before it has posted its receive, runs at about half speed (67 MB each way over a 1 Gbit/s lab
+link: 2.05x the link time), and gloo's all-gather (1.74x) and all-to-all (2.36x) are that slow
+at two ranks; posting every receive before any send runs both directions at the link's rate
+(1.04x; ``benches/bench_gloo_pair.py``). Used for FSDP's all-gather and reduce-scatter and for
+ZeRO's parameter broadcasts (one per parameter, issued owner by owner: one exchange took ZeRO's
+lab step from torch's time to 0.76x-0.82x of it). The bytes are the minimum, (W-1)/W of the
+gathered, reduced or broadcast tensors per rank, and nothing is computed on the way (a
+reduce-scatter's sum is the caller's, in rank order), so the bits are gloo's wherever the sum
+of two is (at two ranks, the default; ``chosen_for``).
 
 The transfers are torch's own ``irecv`` and ``isend`` (never a transport of our own), each
 operation on a tag of its own so that two in flight on a group (a prefetched all-gather beside a
