@@ -8,12 +8,15 @@ busy wait of a few microseconds beside it: what any work between two ops costs o
 
 Part 2 (world 2, gloo): a many-tensor model (``--layers`` x ``Linear(w, w)``) trained with
 ferrodist's DDP (small buckets, so many all-reduces per step) and with ferrodist's FSDP (one
-unit per layer: an all-gather and a reduce-scatter per layer per step), recording on and off in
-alternating rounds of the same processes (the recorder is switched off by hiding it, as
-``FERRODIST_FLIGHT_RECORDER=0`` does at start), so machine noise hits both alike. The watchdog
-thread runs throughout, as it does in a job.
+unit per layer: an all-gather and a reduce-scatter per layer per step). Steps are timed in
+pairs, one with recording on and one off, back to back in the same processes (the recorder is
+switched off by hiding it, as ``FERRODIST_FLIGHT_RECORDER=0`` does at start), so that machine
+noise, which on a small shared machine moves whole steps by several percent, hits both halves
+of a pair alike. The figure is the median of the pairs' on / off ratios with a bootstrap 95 %
+interval, beside the recorder's own work per step (its calls timed alone x ops per step). The
+watchdog thread runs throughout, as it does in a job.
 
-    ./scripts/bench benches/flight_overhead.py [--layers 200] [--width 32] [--steps 20]
+    ./scripts/bench benches/flight_overhead.py [--layers 200] [--width 32] [--pairs 100]
     python benches/flight_overhead.py --cuda --ops 5000   # part 1 on NCCL, with a profile
 """
 
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
+import random
 import socket
 import statistics
 import time
@@ -166,6 +170,28 @@ def _model(layers: int, width: int) -> torch.nn.Module:
     return torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(layers)])
 
 
+def _recorder_work_us(saved: Any, n: int = 20000) -> float:
+    """Microseconds of the recorder's own calls for one synchronous op on a CPU tensor (describe
+    and record it, mark it started and completed), timed alone: what recording adds to a step
+    when nothing else it causes (where it sits beside the backend's thread) is counted."""
+    t = torch.ones(4)
+    _switch(True, saved)
+
+    def one() -> None:
+        ident = _recorder.begin("all_reduce", "WORLD", (t,), torch.distributed.ReduceOp.SUM)
+        _recorder.started(ident)
+        _recorder.wait_launched(ident, None, on_device=False)
+
+    return statistics.median(_per_op(one, n) for _ in range(5))
+
+
+def _bootstrap_median(values: list[float], draws: int = 4000) -> tuple[float, float]:
+    """A 95 % interval for the median of ``values`` (percentile bootstrap, fixed seed)."""
+    rng = random.Random(0)
+    medians = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(draws))
+    return medians[int(0.025 * draws)], medians[int(0.975 * draws) - 1]
+
+
 def _worker(rank: int, port: int, args: argparse.Namespace, out: Any) -> None:
     torch.set_num_threads(1)
     torch.set_flush_denormal(True)  # deep MLPs decay into subnormals: benches/README.md
@@ -182,7 +208,8 @@ def _worker(rank: int, port: int, args: argparse.Namespace, out: Any) -> None:
     from ferrodist.fsdp import FullyShardedDataParallel
 
     saved = _recorder.recorder()
-    per_op = _per_op_world2(saved, args.ops // 10)
+    per_op = {} if args.skip_per_op else _per_op_world2(saved, args.ops // 10)
+    per_op["recorder work"] = _recorder_work_us(saved)
     torch.manual_seed(0)
     models = {
         "ddp": DistributedDataParallel(
@@ -194,27 +221,34 @@ def _worker(rank: int, port: int, args: argparse.Namespace, out: Any) -> None:
         ),
     }
     x = torch.randn(16, args.width)
-    times: dict[str, list[float]] = {f"{k} {m}": [] for k in models for m in ("off", "on")}
+
+    def step(model: torch.nn.Module) -> float:
+        dist.barrier()
+        start = time.perf_counter()
+        model(x).sum().backward()
+        for p in model.parameters():
+            p.grad = None
+        return time.perf_counter() - start
+
+    # Steps in pairs, on and off back to back, in the order on-off, off-on, ... (so neither
+    # mode always follows the other); a pair's two steps see the same machine.
+    pairs: dict[str, list[tuple[float, float]]] = {name: [] for name in models}
     ops_per_step: dict[str, int] = {}
-    for round_ in range(args.rounds):
-        for mode in ("off", "on") if round_ % 2 == 0 else ("on", "off"):
-            _switch(mode == "on", saved)
-            for name, model in models.items():
-                before = _last_id(saved)
-                for step in range(args.steps):
-                    dist.barrier()
-                    start = time.perf_counter()
-                    model(x).sum().backward()
-                    for p in model.parameters():
-                        p.grad = None
-                    elapsed = time.perf_counter() - start
-                    if step > 0:  # the first step of a round warms up
-                        times[f"{name} {mode}"].append(elapsed)
-                if mode == "on":
-                    ops_per_step[name] = (_last_id(saved) - before) // args.steps
+    for name, model in models.items():
+        _switch(True, saved)
+        before = _last_id(saved)
+        for _ in range(args.warmup):
+            step(model)
+        ops_per_step[name] = (_last_id(saved) - before) // max(args.warmup, 1)
+        for i in range(args.pairs):
+            timed: dict[str, float] = {}
+            for mode in ("on", "off") if i % 2 == 0 else ("off", "on"):
+                _switch(mode == "on", saved)
+                timed[mode] = step(model)
+            pairs[name].append((timed["on"], timed["off"]))
     _switch(True, saved)
     if rank == 0:
-        out.put((times, ops_per_step, per_op))
+        out.put((pairs, ops_per_step, per_op))
     dist.barrier()
     del models
     dist.destroy_process_group()
@@ -229,27 +263,44 @@ def part2(args: argparse.Namespace) -> None:
     procs = [ctx.Process(target=_worker, args=(r, port, args, out)) for r in range(2)]
     for p in procs:
         p.start()
-    times, ops, per_op = out.get(timeout=1800)
+    pairs, ops, per_op = out.get(timeout=3600)
     for p in procs:
         p.join(120)
-    print(
-        "\nper op, world 2, gloo, synchronous all_reduce of 1,024 floats (median of 7 rounds, "
-        "microseconds)"
-    )
-    print(f"{'torch':>9}{'off':>9}{'on':>9}{'on - off':>10}")
-    print(
-        f"{per_op['torch']:>9.1f}{per_op['off']:>9.1f}{per_op['on']:>9.1f}"
-        f"{per_op['on'] - per_op['off']:>10.1f}"
-    )
+    if "on" in per_op:
+        print(
+            "\nper op, world 2, gloo, synchronous all_reduce of 1,024 floats (median of 7 "
+            "rounds, microseconds)"
+        )
+        print(f"{'torch':>9}{'off':>9}{'on':>9}{'on - off':>10}")
+        print(
+            f"{per_op['torch']:>9.1f}{per_op['off']:>9.1f}{per_op['on']:>9.1f}"
+            f"{per_op['on'] - per_op['off']:>10.1f}"
+        )
+    work = per_op["recorder work"]
+    print(f"\nthe recorder's own calls for one op, timed alone: {work:.2f} us")
     print(
         f"\nstep time, world 2, gloo, {args.layers} x Linear({args.width}, {args.width}), "
-        f"{args.rounds} alternating rounds x {args.steps - 1} timed steps (median, ms)"
+        f"{args.pairs} pairs of steps (one on, one off, back to back; medians, ms)"
     )
-    print(f"{'model':<8}{'ops/step':>10}{'off':>10}{'on':>10}{'on / off':>10}")
+    print(
+        f"{'model':<6}{'ops/step':>9}{'off':>9}{'on':>9}{'on / off':>10}"
+        f"{'95 % interval':>17}{'own work':>10}"
+    )
     for name in ("ddp", "fsdp"):
-        off = statistics.median(times[f"{name} off"]) * 1e3
-        on = statistics.median(times[f"{name} on"]) * 1e3
-        print(f"{name:<8}{ops.get(name, 0):>10}{off:>10.2f}{on:>10.2f}{on / off:>10.3f}")
+        on = [p[0] for p in pairs[name]]
+        off = [p[1] for p in pairs[name]]
+        ratios = [a / b for a, b in pairs[name]]
+        low, high = _bootstrap_median(ratios)
+        own = ops[name] * work * 1e-6 / statistics.median(off)
+        print(
+            f"{name:<6}{ops[name]:>9}{statistics.median(off) * 1e3:>9.2f}"
+            f"{statistics.median(on) * 1e3:>9.2f}{statistics.median(ratios):>10.4f}"
+            f"{f'{low:.4f}-{high:.4f}':>17}{own:>10.2%}"
+        )
+    print(
+        "on / off: the median of the pairs' ratios; own work: ops/step x the recorder's own "
+        "calls / the step off"
+    )
 
 
 def main() -> None:
@@ -258,8 +309,8 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=200)
     parser.add_argument("--width", type=int, default=32)
     parser.add_argument("--bucket-mb", type=float, default=0.05)
-    parser.add_argument("--steps", type=int, default=11)
-    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--pairs", type=int, default=100, help="pairs of steps per model")
+    parser.add_argument("--warmup", type=int, default=3, help="steps before the pairs")
     parser.add_argument("--skip-per-op", action="store_true")
     parser.add_argument(
         "--cuda", action="store_true", help="part 1 only, on NCCL with CUDA tensors (world 1)"
