@@ -81,31 +81,26 @@ def _worker(args: argparse.Namespace) -> None:
     dist.destroy_process_group()
 
 
+def _print(rows: list[dict[str, Any]], rate_bps: float, args: argparse.Namespace) -> None:
+    floor = args.mb * 1e6 * 8 / rate_bps if rate_bps else float("nan")
+    print(
+        f"{args.mb:g} MB each way between 2 hosts, gloo, {rate_bps / 1e9:g} Gbit/s per link "
+        f"(full duplex): floor {floor:.3f} s; median of {args.reps}\n"
+    )
+    print("| form | time | x floor |\n|---|---|---|")
+    for name, seconds in rows[0].items():
+        print(f"| {name} | {seconds:.3f} s | {seconds / floor:.2f}x |")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rate", default="1gbit")
     parser.add_argument("--mb", type=float, default=67.0, help="megabytes each way")
     parser.add_argument("--reps", type=int, default=5)
-    parser.add_argument("--timeout", type=float, default=600.0)
-    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    args = parser.parse_args()
     sys.path.insert(0, str(REPO))
-    if args.worker:
-        _worker(args)
-        return 0
-    from benches.lab import run_workers
+    from benches.lab import lab_main
 
-    def report(rows: list[dict[str, Any]], rate_bps: float) -> None:
-        floor = args.mb * 1e6 * 8 / rate_bps if rate_bps else float("nan")
-        print(
-            f"{args.mb:g} MB each way between 2 hosts, gloo, {rate_bps / 1e9:g} Gbit/s per link "
-            f"(full duplex): floor {floor:.3f} s; median of {args.reps}\n"
-        )
-        print("| form | time | x floor |\n|---|---|---|")
-        for name, seconds in rows[0].items():
-            print(f"| {name} | {seconds:.3f} s | {seconds / floor:.2f}x |")
-
-    return run_workers("bench_gloo_pair", __file__, args.rate, args.timeout, report)
+    return lab_main(parser, _worker, _print, "bench_gloo_pair", __file__)
 
 
 if __name__ == "__main__":

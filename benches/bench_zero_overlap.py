@@ -158,19 +158,10 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--block", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1, help="torch threads per rank")
-    parser.add_argument("--timeout", type=float, default=900.0, help="deadline of the run, s")
-    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    args = parser.parse_args()
     sys.path.insert(0, str(REPO))
-    if args.worker:
-        _worker(args)
-        return 0
-    from benches.lab import run_workers
+    from benches.lab import lab_main
 
-    def report(rows: list[dict[str, Any]], rate_bps: float) -> None:
-        _print(rows, rate_bps, args)
-
-    return run_workers("bench_zero_overlap", __file__, args.rate, args.timeout, report)
+    return lab_main(parser, _worker, _print, "bench_zero_overlap", __file__)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ CLI: ``python -m benches.lab run|cleanup|list`` (see ``__main__``).
 
 from __future__ import annotations
 
-from ._bench import run_workers
+from ._bench import lab_main, run_workers
 from ._cleanup import cleanup, leftover_labs
 from ._ip import PREFIX, LabError, lab_namespaces
 from ._lab import Lab, parse_rate
@@ -35,6 +35,7 @@ __all__ = [
     "LabError",
     "RankResult",
     "cleanup",
+    "lab_main",
     "lab_namespaces",
     "leftover_labs",
     "local_bytes",

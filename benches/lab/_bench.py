@@ -8,6 +8,7 @@ deadline, says which rank failed and how, and reads the JSON rows rank 0 printed
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
@@ -51,3 +52,30 @@ def run_workers(
     line = next(x for x in results[0].output.splitlines() if x.startswith("RESULT "))
     report(json.loads(line[len("RESULT ") :]), rate_bps)
     return 0
+
+
+def lab_main(
+    parser: argparse.ArgumentParser,
+    worker: Callable[[argparse.Namespace], None],
+    report: Callable[[list[dict[str, Any]], float, argparse.Namespace], None],
+    name: str,
+    script: str,
+) -> int:
+    """A lab bench's ``main``: adds ``--timeout`` and the hidden ``--worker`` to ``parser`` (which
+    has ``--rate``), then runs one rank (``--worker``, inside a host) or the whole lab, handing
+    rank 0's rows to ``report(rows, rate_bps, args)``. ``--ranks-per-host``, where the bench
+    has it, places that many ranks on each host."""
+    parser.add_argument("--timeout", type=float, default=900.0, help="deadline of the run, s")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        worker(args)
+        return 0
+    return run_workers(
+        name,
+        script,
+        args.rate,
+        args.timeout,
+        lambda rows, rate_bps: report(rows, rate_bps, args),
+        getattr(args, "ranks_per_host", 1),
+    )

@@ -11,21 +11,11 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from _exchange_count import calls
 from _scenario_world import run_scenarios
 
 import ferrodist._exchange as exchange
 from ferrodist.optim import ZeroRedundancyOptimizer
-
-_calls = {"exchange": 0}
-_composed = exchange._exchange
-
-
-def _counted(*args: Any, **kwargs: Any) -> Any:
-    _calls["exchange"] += 1
-    return _composed(*args, **kwargs)
-
-
-exchange._exchange = _counted  # type: ignore[assignment]
 
 
 def _awkward(n: int, seed: int) -> torch.Tensor:
@@ -105,14 +95,14 @@ def zero_steps_by_exchange() -> None:
             opt.zero_grad()
         return [p.detach().clone() for p in model.parameters()]
 
-    _calls["exchange"] = 0
+    calls["exchange"] = 0
     gloo = train("0")
-    assert _calls["exchange"] == 0, _calls
+    assert calls["exchange"] == 0, calls
     composed = train("1")
-    assert _calls["exchange"] == 3, _calls  # one per step
+    assert calls["exchange"] == 3, calls  # one per step
     default = train("")
     by_default = dist.get_world_size() == 2
-    assert _calls["exchange"] == (6 if by_default else 3), _calls
+    assert calls["exchange"] == (6 if by_default else 3), calls
     for a, b, c in zip(gloo, composed, default):
         _same_bits(a, b)
         _same_bits(a, c)

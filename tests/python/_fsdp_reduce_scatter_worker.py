@@ -15,26 +15,14 @@ import copy
 import functools
 import os
 import sys
-from typing import Any
 
 import torch
 import torch.distributed as dist
+from _exchange_count import calls
 from _scenario_world import run_scenarios
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
-import ferrodist._exchange as exchange
 from ferrodist.fsdp import FullyShardedDataParallel as FSDP
-
-_calls = {"exchange": 0}
-_composed = exchange._exchange
-
-
-def _counted(*args: Any, **kwargs: Any) -> Any:
-    _calls["exchange"] += 1
-    return _composed(*args, **kwargs)
-
-
-exchange._exchange = _counted  # type: ignore[assignment]
 
 
 def _grads(base: torch.nn.Module, setting: str) -> list[torch.Tensor]:
@@ -51,15 +39,15 @@ def _grads(base: torch.nn.Module, setting: str) -> list[torch.Tensor]:
 def run(composed_by_default: bool) -> None:
     torch.manual_seed(0)
     base = torch.nn.Sequential(torch.nn.Linear(9, 31), torch.nn.Tanh(), torch.nn.Linear(31, 3))
-    _calls["exchange"] = 0
+    calls["exchange"] = 0
     gloo = _grads(base, "0")
-    assert _calls["exchange"] == 0, _calls
+    assert calls["exchange"] == 0, calls
     composed = _grads(base, "1")
     # per unit: a gather in forward and in backward, a reduce-scatter, a gather to summon
-    assert _calls["exchange"] >= 8, _calls
-    taken = _calls["exchange"]
+    assert calls["exchange"] >= 8, calls
+    taken = calls["exchange"]
     default = _grads(base, "")
-    assert (_calls["exchange"] >= 2 * taken) == composed_by_default, _calls
+    assert (calls["exchange"] >= 2 * taken) == composed_by_default, calls
     exact = dist.get_world_size() == 2
     for a, b in zip(gloo, composed):
         if exact:
