@@ -13,7 +13,9 @@ pairs, one with recording on and one off, back to back in the same processes (th
 switched off by hiding it, as ``FERRODIST_FLIGHT_RECORDER=0`` does at start), so that machine
 noise, which on a small shared machine moves whole steps by several percent, hits both halves
 of a pair alike. The figure is the median of the pairs' on / off ratios with a bootstrap 95 %
-interval, beside the recorder's own work per step (its calls timed alone x ops per step). The
+interval, for the step's wall time and for the stepping thread's CPU time (on CPU the backward
+and every hook run on it: what the recorder's calls cost, without the waits that make wall time
+noisy), beside the recorder's own work per step (its calls timed alone x ops per step). The
 watchdog thread runs throughout, as it does in a job.
 
     ./scripts/bench benches/flight_overhead.py [--layers 200] [--width 32] [--pairs 100]
@@ -222,17 +224,20 @@ def _worker(rank: int, port: int, args: argparse.Namespace, out: Any) -> None:
     }
     x = torch.randn(16, args.width)
 
-    def step(model: torch.nn.Module) -> float:
+    def step(model: torch.nn.Module) -> tuple[float, float]:
+        """(wall seconds, this thread's CPU seconds) of one step; on CPU the backward and its
+        hooks run on the calling thread, so the second is every recorder call's cost without
+        the time spent waiting for the peer or for the machine."""
         dist.barrier()
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.thread_time()
         model(x).sum().backward()
         for p in model.parameters():
             p.grad = None
-        return time.perf_counter() - start
+        return time.perf_counter() - start, time.thread_time() - cpu
 
     # Steps in pairs, on and off back to back, in the order on-off, off-on, ... (so neither
     # mode always follows the other); a pair's two steps see the same machine.
-    pairs: dict[str, list[tuple[float, float]]] = {name: [] for name in models}
+    pairs: dict[str, list[tuple[float, float, float, float]]] = {name: [] for name in models}
     ops_per_step: dict[str, int] = {}
     for name, model in models.items():
         _switch(True, saved)
@@ -241,11 +246,11 @@ def _worker(rank: int, port: int, args: argparse.Namespace, out: Any) -> None:
             step(model)
         ops_per_step[name] = (_last_id(saved) - before) // max(args.warmup, 1)
         for i in range(args.pairs):
-            timed: dict[str, float] = {}
+            timed: dict[str, tuple[float, float]] = {}
             for mode in ("on", "off") if i % 2 == 0 else ("off", "on"):
                 _switch(mode == "on", saved)
                 timed[mode] = step(model)
-            pairs[name].append((timed["on"], timed["off"]))
+            pairs[name].append((timed["on"][0], timed["off"][0], timed["on"][1], timed["off"][1]))
     _switch(True, saved)
     if rank == 0:
         out.put((pairs, ops_per_step, per_op))
@@ -283,23 +288,25 @@ def part2(args: argparse.Namespace) -> None:
         f"{args.pairs} pairs of steps (one on, one off, back to back; medians, ms)"
     )
     print(
-        f"{'model':<6}{'ops/step':>9}{'off':>9}{'on':>9}{'on / off':>10}"
+        f"{'model':<6}{'ops/step':>9}{'time':>6}{'off':>9}{'on':>9}{'on / off':>10}"
         f"{'95 % interval':>17}{'own work':>10}"
     )
     for name in ("ddp", "fsdp"):
-        on = [p[0] for p in pairs[name]]
-        off = [p[1] for p in pairs[name]]
-        ratios = [a / b for a, b in pairs[name]]
-        low, high = _bootstrap_median(ratios)
-        own = ops[name] * work * 1e-6 / statistics.median(off)
-        print(
-            f"{name:<6}{ops[name]:>9}{statistics.median(off) * 1e3:>9.2f}"
-            f"{statistics.median(on) * 1e3:>9.2f}{statistics.median(ratios):>10.4f}"
-            f"{f'{low:.4f}-{high:.4f}':>17}{own:>10.2%}"
-        )
+        for kind, on_at, off_at in (("wall", 0, 1), ("cpu", 2, 3)):
+            on = [p[on_at] for p in pairs[name]]
+            off = [p[off_at] for p in pairs[name]]
+            ratios = [a / b for a, b in zip(on, off)]
+            low, high = _bootstrap_median(ratios)
+            own = ops[name] * work * 1e-6 / statistics.median(off)
+            print(
+                f"{name:<6}{ops[name]:>9}{kind:>6}{statistics.median(off) * 1e3:>9.2f}"
+                f"{statistics.median(on) * 1e3:>9.2f}{statistics.median(ratios):>10.4f}"
+                f"{f'{low:.4f}-{high:.4f}':>17}{own:>10.2%}"
+            )
     print(
-        "on / off: the median of the pairs' ratios; own work: ops/step x the recorder's own "
-        "calls / the step off"
+        "on / off: the median of the pairs' ratios; wall: the step's time; cpu: the stepping "
+        "thread's CPU time (what the recorder's calls cost it, without waits); own work: "
+        "ops/step x the recorder's own calls / the step off"
     )
 
 
