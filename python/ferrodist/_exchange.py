@@ -41,6 +41,10 @@ _next_tag: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
 destroyed group's backend is not kept alive here."""
 
 
+_gloo_size: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+"""Per group: its size where gloo carries its CPU tensors, else 0 (asked once per group)."""
+
+
 def chosen_for(group: Any, tensor: torch.Tensor) -> bool:
     """Whether ``tensor``'s collectives on ``group`` go by exchange: CPU tensors on a gloo group
     of two ranks, where the result is gloo's bit for bit (a reduce-scatter's sum of two is the
@@ -60,10 +64,6 @@ def chosen_for(group: Any, tensor: torch.Tensor) -> bool:
     if chosen in ("0", "1"):
         return chosen == "1"
     return size == 2
-
-
-_gloo_size: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
-"""Per group: its size where gloo carries its CPU tensors, else 0 (asked once per group)."""
 
 
 class ExchangeWork:
@@ -109,6 +109,18 @@ def _finish(work: ExchangeWork, async_op: bool) -> Optional[ExchangeWork]:
     return None
 
 
+def _swap_rows(
+    group: Any, rows: list[torch.Tensor], outgoing: list[torch.Tensor], async_op: bool
+) -> Optional[ExchangeWork]:
+    """``rows[r]`` receives rank ``r``'s ``outgoing[me]`` while ``outgoing[r]`` goes to rank
+    ``r``; this rank's own row is copied in."""
+    me = dist.get_rank(group)
+    rows[me].copy_(outgoing[me])
+    peers = [r for r in range(len(rows)) if r != me]
+    work = _exchange(group, [(rows[r], r) for r in peers], [(outgoing[r], r) for r in peers])
+    return _finish(work, async_op)
+
+
 def all_gather(
     output_tensor: torch.Tensor,
     input_tensor: torch.Tensor,
@@ -117,14 +129,8 @@ def all_gather(
 ) -> Optional[ExchangeWork]:
     """``all_gather_into_tensor``'s contract: every rank's ``input_tensor`` concatenated into
     ``output_tensor`` in rank order."""
-    me = dist.get_rank(group)
     slots = list(output_tensor.view(-1, input_tensor.numel()))
-    flat = input_tensor.view(-1)
-    slots[me].copy_(flat)
-    peers = [r for r in range(len(slots)) if r != me]
-    return _finish(
-        _exchange(group, [(slots[r], r) for r in peers], [(flat, r) for r in peers]), async_op
-    )
+    return _swap_rows(group, slots, [input_tensor.view(-1)] * len(slots), async_op)
 
 
 def reduce_scatter_rows(
@@ -136,14 +142,8 @@ def reduce_scatter_rows(
     """Rank ``r``'s chunk of ``input`` sent to rank ``r``; ``received`` (shaped like
     ``input``) holds every rank's chunk for this one, row = sender, this rank's own copied in.
     The sum of the rows is the caller's to take."""
-    me = dist.get_rank(group)
-    chunks = list(input.view(dist.get_world_size(group), -1))
-    rows = list(received.view(len(chunks), -1))
-    rows[me].copy_(chunks[me])
-    peers = [r for r in range(len(chunks)) if r != me]
-    return _finish(
-        _exchange(group, [(rows[r], r) for r in peers], [(chunks[r], r) for r in peers]), async_op
-    )
+    world = dist.get_world_size(group)
+    return _swap_rows(group, list(received.view(world, -1)), list(input.view(world, -1)), async_op)
 
 
 def broadcast_each(

@@ -370,27 +370,21 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable):
         _sync_param_groups(self.optim.param_groups, self.param_groups)
         return loss
 
-    def _broadcast_params_from_rank(self, rank: int) -> list[Any]:
-        """Start the broadcasts of ``rank``'s shard; returns the async handles."""
-        src = self._global_rank(rank)
-        if self.parameters_as_bucket_view:
-            tensors = [per_rank[rank] for per_rank in self._buckets]
-        else:
-            tensors = [p.data for g in self._partition_parameters()[rank] for p in g["params"]]
-        return [_broadcast(t, src=src, group=self.process_group, async_op=True) for t in tensors]
-
     def _sync_params(self) -> None:
         """Give every rank every shard's updated parameters."""
         if self._forward_overlap is not None:
             self._sync_params_overlapped(self._forward_overlap)
             return
         plan = self._broadcast_plan()
-        if plan and chosen_for(self.process_group, plan[0][0]):
+        group = self.process_group
+        if plan and chosen_for(group, plan[0][0]):
             # gloo at two ranks: one exchange, every receive posted first (``_exchange``)
-            tensors = [tensor for tensor, _, _ in plan]
-            _broadcast_each(tensors, [rank for _, rank, _ in plan], group=self.process_group)
+            _broadcast_each([t for t, _, _ in plan], [rank for _, rank, _ in plan], group=group)
             return
-        handles = [h for r in range(self.world_size) for h in self._broadcast_params_from_rank(r)]
+        handles = [
+            _broadcast(t, src=self._global_rank(rank), group=group, async_op=True)
+            for t, rank, _ in plan
+        ]
         for handle in handles:
             handle.wait()
 
