@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import functools
 import inspect
+import sys
+from types import FrameType
 from typing import Any, Callable, Optional
 
 import torch
@@ -90,28 +92,27 @@ def collective(
         rec = state.recorder if state.decided else _recorder.recorder()
         if rec is None:
             return fn(*args, **kwargs)
+        caller = sys._getframe(1)
         described = _tensors_of(tensor_arg(args, kwargs)) if tensor_arg is not None else []
         is_async = bool(async_arg(args, kwargs))
         on_cpu = bool(described) and described[0].is_cpu
         if async_arg.index < 0 or (not on_cpu and (is_async or not _on_device(described))):
             # may block in its very call (see the module doc): recorded first, called as it is
-            ident = _begin(described, args, kwargs)
+            ident = _begin(described, args, kwargs, caller, False)
             return _recorder.finish_call(ident, is_async, fn, *args, **kwargs)
         # Launched asynchronously (a synchronous call as torch makes it: the asynchronous call,
         # then its wait); on CPU tensors recorded after the launch, on a device before it.
-        ident = None if on_cpu else _begin(described, args, kwargs)
-        _recorder.started(ident)
+        ident = None if on_cpu else _begin(described, args, kwargs, caller, True)
         launch_args, launch_kwargs = (
             (args, kwargs) if is_async else async_arg.replaced(args, kwargs, True)
         )
         try:
             work = fn(*launch_args, **launch_kwargs)
         except BaseException as e:
-            _recorder.fail(_begin(described, args, kwargs) if on_cpu else ident, e)
+            _recorder.fail(_begin(described, args, kwargs, caller, True) if on_cpu else ident, e)
             raise
         if on_cpu:
-            ident = _begin(described, args, kwargs)
-            _recorder.started(ident)
+            ident = _begin(described, args, kwargs, caller, True)
         if is_async:
             _recorder.hold_until_finished(ident, work)
             return work
@@ -119,14 +120,20 @@ def collective(
         return None
 
     def _begin(
-        described: list[torch.Tensor], args: tuple[Any, ...], kwargs: dict[str, Any]
+        described: list[torch.Tensor],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        caller: FrameType,
+        started: bool,
     ) -> Optional[int]:
         return _recorder.begin(
             name,
             _recorder.describe_group(group_arg(args, kwargs)),
             described,
             op_arg(args, kwargs) if op_arg is not None else None,
-            with_shapes=not dtypes_only,
+            not dtypes_only,
+            started,
+            caller,
         )
 
     wrapper.__signature__ = sig  # type: ignore[attr-defined]
@@ -190,7 +197,7 @@ class _P2P:
         tensors = [] if self._objects else _tensors_of(self._payload(args, kwargs))
         # both ends name the transfer alike: a send and its receive are one op of the channel
         name = op.replace("p2p", "p2p_object", 1) if self._objects else op
-        ident = _recorder.begin(name, channel, tensors)
+        ident = _recorder.begin(name, channel, tensors, caller=sys._getframe(1))
         return _recorder.finish_call(ident, self._async, self._fn, *args, **kwargs)
 
 

@@ -51,8 +51,10 @@ impl PyFlightRecorder {
         self.0.capacity()
     }
 
-    /// Records an op as issued now; returns `(id, seq)`.
-    #[pyo3(signature = (group, op, shapes, dtypes, reduce_op, call_site))]
+    /// Records an op as issued now (`started`: and started, one call where there would be two
+    /// on every op); returns `(id, seq)`.
+    #[pyo3(signature = (group, op, shapes, dtypes, reduce_op, call_site, started=false))]
+    #[allow(clippy::too_many_arguments)]
     fn record(
         &self,
         group: &str,
@@ -61,9 +63,15 @@ impl PyFlightRecorder {
         dtypes: Vec<String>,
         reduce_op: Option<String>,
         call_site: String,
+        started: bool,
     ) -> (u64, u64) {
-        self.0
-            .record(group, op, shapes, dtypes, reduce_op, call_site)
+        let (id, seq) = self
+            .0
+            .record(group, op, shapes, dtypes, reduce_op, call_site);
+        if started {
+            self.0.started(id);
+        }
+        (id, seq)
     }
 
     /// The backend started op `id` (unknown ids are ignored).

@@ -329,9 +329,9 @@ class Reducer(ReducerJoinSupport):
         """Record a bucket's all-reduce, issued and started; its id (None when recording is
         off)."""
         group = self._process_group
-        ident = _flight.begin("ddp.all_reduce", _flight.describe_group(group), (buffer,), "SUM")
-        _flight.started(ident)
-        return ident
+        return _flight.begin(
+            "ddp.all_reduce", _flight.describe_group(group), (buffer,), "SUM", started=True
+        )
 
     @property
     def _local_used(self) -> torch.Tensor:

@@ -1,8 +1,8 @@
-"""How an operation is described in the ring: its group, call site, dtypes, reduce op.
+"""How an operation is described in the ring: its group, dtypes, reduce op (its call site:
+``_call_site``).
 
-Everything here runs on every recorded op, so each piece is cached where it can be: whether a
-code object belongs to ferrodist or torch (the call site is the first frame that does not),
-dtype names. Group names are what every member of a group calls it, so that the diagnosis can
+Everything here runs on every recorded op, so each piece is cached where it can be: dtype names,
+reduce op names. Group names are what every member of a group calls it, so that the diagnosis can
 line the ranks' rings up: ``WORLD`` for the default group, torch's registered name otherwise.
 
 Point-to-point traffic goes on a channel per direction between two ranks (``WORLD:p2p:0->1``),
@@ -16,54 +16,13 @@ in one direction are matched in order by every backend.
 
 from __future__ import annotations
 
-import os
-import sys
 from typing import Any, Optional
 
 import torch
 import torch.distributed as _tdist
 import torch.distributed.distributed_c10d as _c10d
 
-__all__ = ["call_site", "describe_group", "dtype_name", "p2p_channel", "reduce_op_name"]
-
-_FERRODIST_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
-_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
-_INTERNAL_PREFIXES = (_FERRODIST_DIR, _TORCH_DIR)
-
-_user_file: dict[Any, Optional[str]] = {}
-"""Per code object: its file's base name, or None for ferrodist's and torch's own code."""
-
-_outermost_file: dict[Any, str] = {}
-"""Per code object of an outermost internal frame: its file, relative to the package's parent."""
-
-
-def call_site() -> str:
-    """``file.py:line`` of the first frame outside ferrodist and torch (the user's call), or of
-    the outermost frame when there is none (an op issued from an autograd hook thread)."""
-    frame = sys._getframe(1)
-    last = frame
-    while frame is not None:
-        code = frame.f_code
-        try:
-            name = _user_file[code]
-        except KeyError:
-            if len(_user_file) > 100_000:  # code made on the fly (exec): stay bounded
-                _user_file.clear()
-            internal = code.co_filename.startswith(_INTERNAL_PREFIXES)
-            name = None if internal else os.path.basename(code.co_filename)
-            _user_file[code] = name
-        if name is not None:
-            return f"{name}:{frame.f_lineno}"
-        last = frame
-        frame = frame.f_back  # type: ignore[assignment]
-    code = last.f_code
-    where = _outermost_file.get(code)
-    if where is None:  # relpath costs microseconds; FSDP's hooks land here on every op
-        if len(_outermost_file) > 10_000:
-            _outermost_file.clear()
-        where = os.path.relpath(code.co_filename, os.path.dirname(_FERRODIST_DIR))
-        _outermost_file[code] = where
-    return f"{where}:{last.f_lineno}"
+__all__ = ["describe_group", "dtype_name", "p2p_channel", "reduce_op_name"]
 
 
 def describe_group(group: Any) -> str:

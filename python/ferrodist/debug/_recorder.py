@@ -3,8 +3,8 @@
 Why a ring per process, on by default: a hung job is diagnosed from what each rank last did, and
 that history must already exist when the hang starts; it cannot be switched on afterwards. The
 ring itself is ferrodist's Rust ``FlightRecorder`` (a fixed-size buffer behind one mutex, a push
-per op); this module describes an operation (group, shapes, dtypes, reduce op, the user's call
-site: ``_describe``), records it, and marks it started, completed (on return for synchronous
+per op); this module describes an operation (group, shapes, dtypes, reduce op: ``_describe``;
+the user's call site: ``_call_site``), records it, and marks it started, completed (on return for synchronous
 ops, once the returned ``Work`` has finished for asynchronous ones: ``_inflight``) or failed
 (when the watchdog runs, the failed op's error carries its diagnosis).
 
@@ -15,6 +15,8 @@ another thread at the moment of the fork.
 from __future__ import annotations
 
 import os
+import sys
+from types import FrameType
 from typing import Any, Callable, Iterable, Optional
 
 import torch
@@ -22,8 +24,8 @@ import torch.distributed.distributed_c10d as _c10d
 
 from ferrodist import _native
 from ferrodist.debug import _inflight
+from ferrodist.debug._call_site import call_site
 from ferrodist.debug._describe import (
-    call_site,
     describe_group,
     dtype_name,
     p2p_channel,
@@ -135,8 +137,12 @@ def begin(
     tensors: Iterable[torch.Tensor],
     reduce_op: Any = None,
     with_shapes: bool = True,
+    started: bool = False,
+    caller: Optional[FrameType] = None,
 ) -> Optional[int]:
-    """Record an issued operation; its id, or None when recording is off."""
+    """Record an issued operation (``started``: and already launched); its id, or None when
+    recording is off. ``caller``: the frame that called the op, when the caller knows it (the
+    call site's walk starts there instead of at this function's caller)."""
     rec = _State.recorder if _State.decided else recorder()
     if rec is None:
         return None
@@ -147,7 +153,10 @@ def begin(
     for t in tensors:
         shapes.append(list(t.shape) if with_shapes else [])
         dtypes.append(dtype_name(t.dtype))
-    ident, _seq = rec.record(group, op, shapes, dtypes, reduce_op_name(reduce_op), call_site())
+    site = call_site(caller or sys._getframe(1))
+    ident, _seq = rec.record(
+        group, op, shapes, dtypes, reduce_op_name(reduce_op), site, started=started
+    )
     return int(ident)
 
 

@@ -11,6 +11,7 @@ collectives on ferrodist's (that is, torch's) process groups.
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Generator, Iterable, Iterator
 from typing import Any, Callable, Optional, Union
 
@@ -26,6 +27,8 @@ from torch.distributed.fsdp import (
     StateDictType,
 )
 from torch.distributed.fsdp.api import OptimStateDictConfig
+
+from ferrodist.debug._call_site import scope_of
 
 from . import _construct, _prefetch, _runtime, _state_dict, _unshard
 from ._construct import ProcessGroupArg
@@ -180,19 +183,21 @@ class FullyShardedDataParallel(UnitBase, OptimStateDictMethods):
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         """Runs the wrapped module with its parameters gathered (see the module doc)."""
-        if self._is_root is None:
-            _runtime.lazy_init_root(self)
-        precision = self.mixed_precision
-        if self._is_root:
-            _runtime.root_pre_forward(self)
-            args, kwargs = _runtime.move_inputs(self.compute_device, (args, kwargs))
-            if precision.cast_root_forward_inputs:
+        # The unit's ops are recorded at its caller's line, found once per forward.
+        with scope_of(sys._getframe()):
+            if self._is_root is None:
+                _runtime.lazy_init_root(self)
+            precision = self.mixed_precision
+            if self._is_root:
+                _runtime.root_pre_forward(self)
+                args, kwargs = _runtime.move_inputs(self.compute_device, (args, kwargs))
+                if precision.cast_root_forward_inputs:
+                    args, kwargs = _runtime.cast_inputs(precision.param_dtype, (args, kwargs))
+            if precision.cast_forward_inputs:
                 args, kwargs = _runtime.cast_inputs(precision.param_dtype, (args, kwargs))
-        if precision.cast_forward_inputs:
-            args, kwargs = _runtime.cast_inputs(precision.param_dtype, (args, kwargs))
-        _runtime.pre_forward(self)
-        output = self._fsdp_wrapped_module(*args, **kwargs)
-        return _runtime.post_forward(self, output)
+            _runtime.pre_forward(self)
+            output = self._fsdp_wrapped_module(*args, **kwargs)
+            return _runtime.post_forward(self, output)
 
     def named_parameters(self, *args: Any, **kwargs: Any) -> Iterator[tuple[str, nn.Parameter]]:
         """``nn.Module.named_parameters``; inside ``summon_full_params`` without the wrapper

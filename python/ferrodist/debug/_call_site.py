@@ -1,0 +1,152 @@
+"""The user's call site of a recorded op: the first frame outside ferrodist and torch.
+
+Why this is more than a walk up the stack: FSDP's and DDP's ops are issued from hooks 15-20
+frames below the user's line, and on Python 3.11 every frame walked is a frame object made on
+the spot; on a model with hundreds of units that walk was most of the recorder's cost. Two kinds
+of frame stay put while many ops are issued below them, so the rest of the walk from them is
+found once and reused:
+
+- a **scope** (``scope_of``): a frame that ferrodist's wrappers mark while they run, FSDP's
+  ``forward`` of each unit. The walk from an op stops when it meets the innermost scope's frame,
+  and takes the site that scope found (once) by walking on from its caller.
+- the **autograd engine's entry** (``torch.autograd.graph._engine_run_backward``): every hook of
+  a backward pass runs below it on the thread that called ``backward()``. What lies above it is
+  the same for the whole pass, so it is found once per pass (torch's graph task id).
+
+Both give exactly the site the whole walk would: a user frame below the marked frame is still
+met first; only the part above it is reused, and that part cannot change while the frame runs.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from types import CodeType, FrameType
+from typing import Any, Optional
+
+import torch
+import torch.autograd.graph as _autograd_graph
+
+__all__ = ["call_site", "scope_of"]
+
+_FERRODIST_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
+_INTERNAL_PREFIXES = (_FERRODIST_DIR, _TORCH_DIR)
+
+_ENGINE_ENTRY: Optional[CodeType] = getattr(
+    getattr(_autograd_graph, "_engine_run_backward", None), "__code__", None
+)
+"""The Python frame every backward pass runs its hooks below (torch 2.3 and later)."""
+
+_graph_task_id = torch._C._current_graph_task_id
+
+_user_file: dict[int, tuple[CodeType, Optional[str]]] = {}
+"""Per code object (by ``id``, with the object itself to tell a reused id apart): its file's
+base name, or None for ferrodist's and torch's own code. Keyed by id because hashing a code
+object hashes its constants, nested code objects included, on every lookup."""
+
+_outermost_file: dict[int, tuple[CodeType, str]] = {}
+"""Per code object of an outermost internal frame (by ``id``, as above): its file, relative to
+the package's parent."""
+
+
+class _Marks(threading.local):
+    """This thread's marked frames."""
+
+    def __init__(self) -> None:
+        self.scopes: list[list[Any]] = []
+        """``[frame, site or None]`` per scope, innermost last; the site is found when first
+        needed."""
+        self.pass_id = -1
+        """The backward pass whose site above the engine's entry is ``pass_site``."""
+        self.pass_site = ""
+
+
+_marks = _Marks()
+
+
+def call_site(frame: Optional[FrameType] = None) -> str:
+    """``file.py:line`` of the first frame outside ferrodist and torch (the user's call), or of
+    the outermost frame when there is none (an op issued from an autograd hook thread); the walk
+    starts at ``frame`` (default: the caller's), so that a wrapper that knows its own caller
+    skips its own frames."""
+    return _walk(frame or sys._getframe(1), len(_marks.scopes) - 1)
+
+
+def _walk(frame: FrameType, scope: int) -> str:
+    """The site from ``frame`` up; ``scope``: the innermost scope that may still be met."""
+    marks = _marks
+    scope_frame = marks.scopes[scope][0] if scope >= 0 else None
+    last = frame
+    while frame is not None:
+        if frame is scope_frame:
+            entry = marks.scopes[scope]
+            if entry[1] is None:
+                back = frame.f_back
+                entry[1] = _walk(back, scope - 1) if back is not None else _outermost(frame)
+            return entry[1]  # type: ignore[no-any-return]
+        code = frame.f_code
+        known = _user_file.get(id(code))
+        if known is None or known[0] is not code:
+            known = (code, _user_name(code))
+            _user_file[id(code)] = known
+        if known[1] is not None:
+            return f"{known[1]}:{frame.f_lineno}"
+        if code is _ENGINE_ENTRY:
+            return _above_engine(frame, scope)
+        last = frame
+        frame = frame.f_back  # type: ignore[assignment]
+    return _outermost(last)
+
+
+def _above_engine(frame: FrameType, scope: int) -> str:
+    task = _graph_task_id()
+    marks = _marks
+    if task >= 0 and task == marks.pass_id:
+        return marks.pass_site
+    back = frame.f_back
+    site = _walk(back, scope) if back is not None else _outermost(frame)
+    marks.pass_id, marks.pass_site = task, site
+    return site
+
+
+def _user_name(code: CodeType) -> Optional[str]:
+    if len(_user_file) > 100_000:  # code made on the fly (exec): stay bounded
+        _user_file.clear()
+    if code.co_filename.startswith(_INTERNAL_PREFIXES):
+        return None
+    return os.path.basename(code.co_filename)
+
+
+def _outermost(frame: FrameType) -> str:
+    code = frame.f_code
+    known = _outermost_file.get(id(code))
+    if known is not None and known[0] is code:
+        where = known[1]
+    else:  # relpath costs microseconds; hooks on autograd's own threads land here on every op
+        if len(_outermost_file) > 10_000:
+            _outermost_file.clear()
+        where = os.path.relpath(code.co_filename, os.path.dirname(_FERRODIST_DIR))
+        _outermost_file[id(code)] = (code, where)
+    return f"{where}:{frame.f_lineno}"
+
+
+class scope_of:
+    """``with scope_of(sys._getframe()):`` marks the calling frame as a scope (see the module
+    doc) while the block runs. Cheap (a list push and pop), and nothing is walked unless an op
+    is recorded inside."""
+
+    __slots__ = ("_frame",)
+
+    def __init__(self, frame: FrameType) -> None:
+        self._frame = frame
+
+    def __enter__(self) -> None:
+        _marks.scopes.append([self._frame, None])
+
+    def __exit__(self, *exc: object) -> None:
+        scopes = _marks.scopes
+        if scopes and scopes[-1][0] is self._frame:
+            scopes.pop()
+        self._frame = None  # type: ignore[assignment]

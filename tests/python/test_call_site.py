@@ -1,0 +1,66 @@
+"""The call site the flight recorder gives each op: the user's line, found once per FSDP unit's
+forward and once per backward pass (``ferrodist.debug._call_site``), and always the very line a
+plain walk up the whole stack finds."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from _procs import env, outputs_of
+
+from ferrodist.debug import _call_site
+
+HERE = Path(__file__).parent
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def _sites(tmp_path: Path) -> dict:
+    init = tmp_path / "init"
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(HERE / "_call_site_worker.py"), str(rank), "2", str(init)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env(),
+        )
+        for rank in range(2)
+    ]
+    outputs = outputs_of(procs, timeout=150)
+    found = []
+    for out in outputs:
+        lines = [line for line in out.splitlines() if line.startswith("SITES ")]
+        assert lines, out
+        found.append(json.loads(lines[0][len("SITES ") :]))
+    assert found[0] == found[1]
+    return found[0]
+
+
+def test_wrapper_ops_are_recorded_at_the_users_line_as_a_whole_walk_finds_it(tmp_path):
+    sites = _sites(tmp_path)
+    assert sites["mismatches"] == []
+    assert sites["scopes_left"] == 0
+    fsdp = sites["fsdp"]
+    # all-gathers in the forward at the model's call, the backward's at .backward()
+    assert fsdp["sites"] == sorted([fsdp["lines"]["forward"], fsdp["lines"]["backward"]])
+    nested = sites["nested"]
+    # a unit called from the user's own module: that module's line, not the outer call
+    assert nested["sites"] == sorted(
+        [nested["lines"]["unit"], nested["lines"]["op"], nested["lines"]["backward"]]
+    )
+    ddp = sites["ddp"]
+    assert ddp["lines"]["backward"] in ddp["sites"]
+
+
+def test_a_scope_is_let_go_of_when_its_block_raises():
+    frame = sys._getframe()
+    with pytest.raises(ValueError), _call_site.scope_of(frame):
+        assert _call_site._marks.scopes[-1][0] is frame
+        raise ValueError("boom")
+    assert _call_site._marks.scopes == []
+    assert _call_site.call_site().startswith("test_call_site.py:")
