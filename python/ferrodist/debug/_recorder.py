@@ -4,9 +4,9 @@ Why a ring per process, on by default: a hung job is diagnosed from what each ra
 that history must already exist when the hang starts; it cannot be switched on afterwards. The
 ring itself is ferrodist's Rust ``FlightRecorder`` (a fixed-size buffer behind one mutex, a push
 per op); this module describes an operation (group, shapes, dtypes, reduce op: ``_describe``;
-the user's call site: ``_call_site``), records it, and marks it started, completed (on return for synchronous
-ops, once the returned ``Work`` has finished for asynchronous ones: ``_inflight``) or failed
-(when the watchdog runs, the failed op's error carries its diagnosis).
+the user's call site: ``_call_site``), records it, and marks it started, completed (on return
+for synchronous ops, once the returned ``Work`` has finished for asynchronous ones:
+``_inflight``) or failed (when the watchdog runs, the failed op's error carries its diagnosis).
 
 After ``fork`` the child starts with an empty recorder: the parent's mutex may have been held by
 another thread at the moment of the fork.
