@@ -149,4 +149,3 @@ class scope_of:
         scopes = _marks.scopes
         if scopes and scopes[-1][0] is self._frame:
             scopes.pop()
-        self._frame = None  # type: ignore[assignment]
