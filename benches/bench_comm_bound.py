@@ -20,8 +20,8 @@ tensors), ``many`` has hundreds (300 x Linear(256, 256), 19.7M parameters, 600 t
 ZeroRedundancyOptimizer over SGD (ferrodist's ``overlap_with_forward`` is timed by
 ``bench_zero_overlap.py``, see ``_ZERO``); ``fsdp_hybrid``, HYBRID_SHARD sharding within a
 host and replicating across hosts, with ``--ranks-per-host 2`` (4 ranks; each host's two ranks
-talk over its loopback, so the link counters hold only the traffic between hosts); ``fsdp_fp``,
-FULL_SHARD with ``forward_prefetch=True`` on both sides.
+talk over its loopback, so the link counters hold only the traffic between hosts); ``fsdp_fp``
+and ``fsdp_sgo_fp``, FULL_SHARD and SHARD_GRAD_OP with ``forward_prefetch=True`` on both sides.
 
     ./scripts/bench benches/bench_comm_bound.py [--rate 1gbit|10gbit|unshaped]
         [--models large,many] [--wrappers ddp,fsdp,fsdp_sgo,zero] [--steps 5] [--warmup 1]
@@ -72,7 +72,7 @@ def _wrap(kind: str, wrapper: str, model: Any) -> Any:
     if kind == "ferrodist":
         from ferrodist.fsdp import FullyShardedDataParallel as impl
     extra: dict[str, Any] = {}
-    if wrapper == "fsdp_fp":  # both sides asked to gather the next unit during a forward
+    if wrapper.endswith("_fp"):  # both sides asked to gather the next unit during a forward
         extra["forward_prefetch"] = True
     if wrapper == "fsdp_hybrid":
         # Shard within a host, replicate across hosts: ranks host * local_size + local.
@@ -97,6 +97,7 @@ _STRATEGIES = {
     "fsdp_sgo": "SHARD_GRAD_OP",
     "fsdp_hybrid": "HYBRID_SHARD",
     "fsdp_fp": "FULL_SHARD",
+    "fsdp_sgo_fp": "SHARD_GRAD_OP",
 }
 """``--wrappers`` names of the FSDP rows and their sharding strategies."""
 
@@ -216,7 +217,7 @@ def _print(rows: list[dict[str, Any]], rate_bps: float, args: argparse.Namespace
             if r["wrapper"] == "ddp"
             else _ZERO.get(r["wrapper"])
             or f"FSDP {_STRATEGIES[r['wrapper']]}"
-            + (", forward_prefetch" if r["wrapper"] == "fsdp_fp" else "")
+            + (", forward_prefetch" if r["wrapper"].endswith("_fp") else "")
         )
         print(
             f"| {model} | {wrapper} | {compute:.2f} s | {t['torch']:.2f} s | "

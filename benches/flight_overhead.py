@@ -6,19 +6,24 @@ tensor (a) through torch directly, (b) through ferrodist with recording off, (c)
 wait (the polled completion) and a broadcast. A control times torch's own all_reduce with a
 busy wait of a few microseconds beside it: what any work between two ops costs on this machine.
 
-Part 2 (world 2, gloo): a many-tensor model (``--layers`` x ``Linear(w, w)``) trained with
-ferrodist's DDP (small buckets, so many all-reduces per step) and with ferrodist's FSDP (one
-unit per layer: an all-gather and a reduce-scatter per layer per step). Steps are timed in
-pairs, one with recording on and one off, back to back in the same processes (the recorder is
-switched off by hiding it, as ``FERRODIST_FLIGHT_RECORDER=0`` does at start), so that machine
-noise, which on a small shared machine moves whole steps by several percent, hits both halves
-of a pair alike. The figure is the median of the pairs' on / off ratios with a bootstrap 95 %
-interval, for the step's wall time and for the stepping thread's CPU time (on CPU the backward
-and every hook run on it: what the recorder's calls cost, without the waits that make wall time
-noisy), beside the recorder's own work per step (its calls timed alone x ops per step). The
-watchdog thread runs throughout, as it does in a job.
+Part 2 (world 2, gloo): a model trained with ferrodist's DDP and with ferrodist's FSDP (one unit
+per layer: an all-gather and a reduce-scatter per layer per step). ``--model mlp`` (the default) is
+``--layers`` x ``Linear(w, w)`` on ``--batch`` (16) rows with small DDP buckets: every op is
+latency-bound, the recorder's worst case. ``--model transformer`` is a stack of
+``TransformerEncoderLayer`` (``--width``, ``--heads``, 4 x width feed-forward) on ``--batch`` x
+``--seq`` tokens, the shape users train, with DDP's default buckets (``--bucket-mb 25``). Steps are
+timed in pairs, one with recording on and one off, back to back in the same processes (the recorder
+is switched off by hiding it, as ``FERRODIST_FLIGHT_RECORDER=0`` does at start), so that machine
+noise, which on a small shared machine moves whole steps by several percent, hits both halves of a
+pair alike. The figure is the median of the pairs' on / off ratios with a bootstrap 95 % interval,
+for the step's wall time and for the stepping thread's CPU time (on CPU the backward and every hook
+run on it: what the recorder's calls cost, without the waits that make wall time noisy), beside the
+recorder's own work per step (its calls timed alone x ops per step). The watchdog thread runs
+throughout, as it does in a job.
 
     ./scripts/bench benches/flight_overhead.py [--layers 200] [--width 32] [--pairs 100]
+    ./scripts/bench benches/flight_overhead.py --skip-per-op --model transformer --layers 4 \
+        --width 256 --heads 4 --batch 8 --seq 128 --bucket-mb 25
     python benches/flight_overhead.py --cuda --ops 5000   # part 1 on NCCL, with a profile
 """
 
@@ -168,8 +173,37 @@ def _per_op_world2(saved: Any, n: int) -> dict[str, float]:
     return {name: statistics.median(v) for name, v in rows.items()}
 
 
-def _model(layers: int, width: int) -> torch.nn.Module:
-    return torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(layers)])
+def _model(args: argparse.Namespace) -> torch.nn.Module:
+    """The many-tensor MLP (``--model mlp``: every op latency-bound, the recorder's worst case) or
+    a stack of transformer encoder layers (``--model transformer``: a shape users train)."""
+    if args.model == "transformer":
+        return torch.nn.Sequential(
+            *[
+                torch.nn.TransformerEncoderLayer(
+                    args.width, args.heads, 4 * args.width, dropout=0.0, batch_first=True
+                )
+                for _ in range(args.layers)
+            ]
+        )
+    return torch.nn.Sequential(
+        *[torch.nn.Linear(args.width, args.width) for _ in range(args.layers)]
+    )
+
+
+def _unit_type(args: argparse.Namespace) -> type:
+    """What one FSDP unit wraps: a layer of the model."""
+    if args.model == "transformer":
+        return torch.nn.TransformerEncoderLayer
+    return torch.nn.Linear
+
+
+def _describe_model(args: argparse.Namespace) -> str:
+    if args.model == "transformer":
+        return (
+            f"{args.layers} x TransformerEncoderLayer({args.width}, {args.heads} heads, ff "
+            f"{4 * args.width}), batch {args.batch} x {args.seq} tokens"
+        )
+    return f"{args.layers} x Linear({args.width}, {args.width}), batch {args.batch}"
 
 
 def _recorder_work_us(saved: Any, n: int = 20000) -> float:
@@ -214,15 +248,13 @@ def _worker(rank: int, port: int, args: argparse.Namespace, out: Any) -> None:
     per_op["recorder work"] = _recorder_work_us(saved)
     torch.manual_seed(0)
     models = {
-        "ddp": DistributedDataParallel(
-            _model(args.layers, args.width), bucket_cap_mb=args.bucket_mb
-        ),
+        "ddp": DistributedDataParallel(_model(args), bucket_cap_mb=args.bucket_mb),
         "fsdp": FullyShardedDataParallel(
-            _model(args.layers, args.width),
-            auto_wrap_policy=ModuleWrapPolicy({torch.nn.Linear}),
+            _model(args), auto_wrap_policy=ModuleWrapPolicy({_unit_type(args)})
         ),
     }
-    x = torch.randn(16, args.width)
+    rows = (args.batch, args.seq) if args.model == "transformer" else (args.batch,)
+    x = torch.randn(*rows, args.width)
 
     def step(model: torch.nn.Module) -> tuple[float, float]:
         """(wall seconds, this thread's CPU seconds) of one step; on CPU the backward and its
@@ -284,12 +316,12 @@ def part2(args: argparse.Namespace) -> None:
     work = per_op["recorder work"]
     print(f"\nthe recorder's own calls for one op, timed alone: {work:.2f} us")
     print(
-        f"\nstep time, world 2, gloo, {args.layers} x Linear({args.width}, {args.width}), "
+        f"\nstep time, world 2, gloo, {_describe_model(args)}, "
         f"{args.pairs} pairs of steps (one on, one off, back to back; medians, ms)"
     )
     print(
         f"{'model':<6}{'ops/step':>9}{'time':>6}{'off':>9}{'on':>9}{'on / off':>10}"
-        f"{'95 % interval':>17}{'own work':>10}"
+        f"{'95 % interval':>17}{'own work':>10}{'us / op':>9}"
     )
     for name in ("ddp", "fsdp"):
         for kind, on_at, off_at in (("wall", 0, 1), ("cpu", 2, 3)):
@@ -298,15 +330,17 @@ def part2(args: argparse.Namespace) -> None:
             ratios = [a / b for a, b in zip(on, off)]
             low, high = _bootstrap_median(ratios)
             own = ops[name] * work * 1e-6 / statistics.median(off)
+            per_op = (statistics.median(ratios) - 1) * statistics.median(off) / ops[name] * 1e6
             print(
                 f"{name:<6}{ops[name]:>9}{kind:>6}{statistics.median(off) * 1e3:>9.2f}"
                 f"{statistics.median(on) * 1e3:>9.2f}{statistics.median(ratios):>10.4f}"
-                f"{f'{low:.4f}-{high:.4f}':>17}{own:>10.2%}"
+                f"{f'{low:.4f}-{high:.4f}':>17}{own:>10.2%}{per_op:>9.1f}"
             )
     print(
         "on / off: the median of the pairs' ratios; wall: the step's time; cpu: the stepping "
         "thread's CPU time (what the recorder's calls cost it, without waits); own work: "
-        "ops/step x the recorder's own calls / the step off"
+        "ops/step x the recorder's own calls / the step off; us / op: (on / off - 1) x the step "
+        "off / ops a step, what one op recorded costs the step in place"
     )
 
 
@@ -315,6 +349,10 @@ def main() -> None:
     parser.add_argument("--ops", type=int, default=20000)
     parser.add_argument("--layers", type=int, default=200)
     parser.add_argument("--width", type=int, default=32)
+    parser.add_argument("--model", choices=("mlp", "transformer"), default="mlp")
+    parser.add_argument("--heads", type=int, default=8, help="attention heads (transformer)")
+    parser.add_argument("--batch", type=int, default=16, help="rows (mlp) or sequences a step")
+    parser.add_argument("--seq", type=int, default=128, help="tokens a sequence (transformer)")
     parser.add_argument("--bucket-mb", type=float, default=0.05)
     parser.add_argument("--pairs", type=int, default=100, help="pairs of steps per model")
     parser.add_argument("--warmup", type=int, default=3, help="steps before the pairs")
