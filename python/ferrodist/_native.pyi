@@ -1,6 +1,6 @@
 # Type stub for the Rust extension `ferrodist._native` (rust/python/).
 # tests/python/test_stubs.py checks that this file and the module list the same names.
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import timedelta
 from typing import Any, Union
 
@@ -254,6 +254,16 @@ class FlightRecorder:
         call_site: str,
         started: bool = False,
     ) -> tuple[int, int]: ...
+    def record_tensors(
+        self,
+        group: str,
+        op: str,
+        tensors: Iterable[Any],
+        reduce_op: str | None,
+        with_shapes: bool,
+        call_site: str,
+        started: bool,
+    ) -> int: ...
     def started(self, id: int) -> None: ...
     def completed(self, id: int) -> None: ...
     def failed(self, id: int, why: str) -> None: ...

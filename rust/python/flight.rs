@@ -1,11 +1,14 @@
 //! Binding for [`crate::flight`]: the flight recorder, the diagnosis and dumps, as conversions
 //! only.
 //!
-//! `record` and `completed` run on every collective, so they take the GIL-held fast path: the
+//! `record_tensors` and `completed` run on every collective, so they take the GIL-held fast path: the
 //! core's critical section is one push under a mutex nobody holds while waiting on anything,
 //! cheaper than releasing and re-taking the GIL. Summaries, reports and dumps cross as JSON
 //! strings, the form they are published in, stored in and read from files.
 
+use std::sync::Mutex;
+
+use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
@@ -74,6 +77,48 @@ impl PyFlightRecorder {
         (id, seq)
     }
 
+    /// Records an op on `tensors` (an iterable of tensors) as issued now (`started`: and
+    /// started), reading each tensor's shape (none when `with_shapes` is false) and dtype here;
+    /// returns its id. The per-op path: one call, where building the lists for `record` in
+    /// Python cost more than the ring itself.
+    #[pyo3(signature = (group, op, tensors, reduce_op, with_shapes, call_site, started))]
+    #[allow(clippy::too_many_arguments)]
+    fn record_tensors(
+        &self,
+        group: &str,
+        op: &str,
+        tensors: &Bound<'_, PyAny>,
+        reduce_op: Option<&str>,
+        with_shapes: bool,
+        call_site: &str,
+        started: bool,
+    ) -> PyResult<u64> {
+        let py = tensors.py();
+        let mut shapes = Vec::new();
+        let mut dtypes = Vec::new();
+        for tensor in tensors.try_iter()? {
+            let tensor = tensor?;
+            shapes.push(if with_shapes {
+                tensor.getattr(intern!(py, "shape"))?.extract()?
+            } else {
+                Vec::new()
+            });
+            dtypes.push(dtype_name(&tensor.getattr(intern!(py, "dtype"))?)?);
+        }
+        let (id, _seq) = self.0.record(
+            group,
+            op.to_owned(),
+            shapes,
+            dtypes,
+            reduce_op.map(str::to_owned),
+            call_site.to_owned(),
+        );
+        if started {
+            self.0.started(id);
+        }
+        Ok(id)
+    }
+
     /// The backend started op `id` (unknown ids are ignored).
     fn started(&self, id: u64) {
         self.0.started(id)
@@ -103,6 +148,27 @@ impl PyFlightRecorder {
     fn dump_json(&self, rank: usize, world_size: usize, reason: &str) -> String {
         Dump::of(&self.0, rank, world_size, reason, flight::now_ms()).to_json()
     }
+}
+
+/// The dtypes named so far, each kept alive by its entry (so that its address cannot be
+/// another object's while it is here); a few, since a process uses a few dtypes.
+static DTYPE_NAMES: Mutex<Vec<(Py<PyAny>, String)>> = Mutex::new(Vec::new());
+const DTYPE_NAMES_KEPT: usize = 32;
+
+/// `str(dtype)` without its `torch.` prefix (`float32`), as the Python side names dtypes.
+fn dtype_name(dtype: &Bound<'_, PyAny>) -> PyResult<String> {
+    let names = || DTYPE_NAMES.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((_, name)) = names().iter().find(|(seen, _)| seen.is(dtype)) {
+        return Ok(name.clone());
+    }
+    // Python runs outside the lock: it may switch threads, and another may then name a dtype.
+    let text = dtype.str()?.to_string();
+    let name = text.strip_prefix("torch.").unwrap_or(&text).to_owned();
+    let mut names = names();
+    if names.len() < DTYPE_NAMES_KEPT && !names.iter().any(|(seen, _)| seen.is(dtype)) {
+        names.push((dtype.clone().unbind(), name.clone()));
+    }
+    Ok(name)
 }
 
 /// Diagnoses a job from its ranks' summaries (JSON); returns `(text, json)` of the report.

@@ -38,6 +38,42 @@ def test_record_numbers_ops_and_tracks_their_state() -> None:
     assert [e["id"] for e in rec.entries()] == [2, 3, 4]
 
 
+def test_record_tensors_reads_shapes_and_dtypes_as_torch_names_them() -> None:
+    torch = pytest.importorskip("torch")
+    rec = _native.FlightRecorder(8)
+    tensors = [
+        torch.ones(2, 3),
+        torch.zeros(4, dtype=torch.int64),
+        torch.ones((), dtype=torch.bfloat16),
+    ]
+    first = rec.record_tensors("WORLD", "all_gather", tensors, "SUM", True, "a.py:1", False)
+    second = rec.record_tensors("WORLD", "all_gather", tuple(tensors), None, False, "a.py:2", True)
+    none = rec.record_tensors("pg1", "barrier", [], None, True, "a.py:3", False)
+    assert (first, second, none) == (1, 2, 3)
+    entries = rec.entries()
+    assert entries[0]["shapes"] == [[2, 3], [4], []]
+    assert entries[0]["dtypes"] == ["float32", "int64", "bfloat16"]
+    assert entries[0]["reduce_op"] == "SUM" and entries[0]["state"] == "issued"
+    assert entries[0]["seq"] == 1 and entries[1]["seq"] == 2 and entries[2]["seq"] == 1
+    assert entries[1]["shapes"] == [[], [], []]  # with_shapes=False: dtypes only
+    assert entries[1]["dtypes"] == entries[0]["dtypes"]
+    assert entries[1]["state"] == "started" and entries[1]["started_at_ms"] is not None
+    assert entries[2]["shapes"] == [] and entries[2]["dtypes"] == []
+    # the same names as str(dtype) gives
+    for dtype in (torch.float16, torch.float64, torch.uint8, torch.bool, torch.complex64):
+        rec.record_tensors("WORLD", "x", [torch.empty(1, dtype=dtype)], None, True, "a.py:4", False)
+        assert rec.entries()[-1]["dtypes"] == [str(dtype).removeprefix("torch.")]
+
+
+def test_record_tensors_refuses_what_is_not_tensors() -> None:
+    rec = _native.FlightRecorder(8)
+    with pytest.raises(TypeError):
+        rec.record_tensors("WORLD", "x", 5, None, True, "a.py:1", False)  # type: ignore[arg-type]
+    with pytest.raises(AttributeError):
+        rec.record_tensors("WORLD", "x", [object()], None, True, "a.py:1", False)
+    assert rec.entries() == []  # nothing half-recorded
+
+
 def test_records_from_many_threads_get_unique_ids() -> None:
     rec = _native.FlightRecorder(10_000)
 

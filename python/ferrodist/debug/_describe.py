@@ -1,9 +1,10 @@
 """How an operation is described in the ring: its group, dtypes, reduce op (its call site:
 ``_call_site``).
 
-Everything here runs on every recorded op, so each piece is cached where it can be: dtype names,
-reduce op names. Group names are what every member of a group calls it, so that the diagnosis can
-line the ranks' rings up: ``WORLD`` for the default group, torch's registered name otherwise.
+Everything here runs on every recorded op, so each piece is cached where it can be: reduce op
+names (dtypes are named by the ring's ``FlightRecorder.record_tensors``). Group names are what
+every member of a group calls it, so that the diagnosis can line the ranks' rings up: ``WORLD``
+for the default group, torch's registered name otherwise.
 
 Point-to-point traffic goes on a channel per direction between two ranks (``WORLD:p2p:0->1``),
 named for it on both ends (``p2p 0->1``): a send and its receive then share a sequence number and
@@ -18,11 +19,10 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-import torch
 import torch.distributed as _tdist
 import torch.distributed.distributed_c10d as _c10d
 
-__all__ = ["describe_group", "dtype_name", "p2p_channel", "reduce_op_name"]
+__all__ = ["describe_group", "p2p_channel", "reduce_op_name"]
 
 
 def describe_group(group: Any) -> str:
@@ -35,17 +35,6 @@ def describe_group(group: Any) -> str:
         return "WORLD"
     name = world.pg_names.get(group)
     return "?" if name is None else str(name)
-
-
-_dtype_names: dict[torch.dtype, str] = {}
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    name = _dtype_names.get(dtype)
-    if name is None:
-        name = str(dtype).replace("torch.", "")
-        _dtype_names[dtype] = name
-    return name
 
 
 _reduce_op_names: dict[Any, str] = {}

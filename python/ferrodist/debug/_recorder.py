@@ -27,7 +27,6 @@ from ferrodist.debug import _inflight
 from ferrodist.debug._call_site import call_site
 from ferrodist.debug._describe import (
     describe_group,
-    dtype_name,
     p2p_channel,
     reduce_op_name,
 )
@@ -148,16 +147,10 @@ def begin(
         return None
     if _inflight.pending():
         _inflight.sweep(rec, everything=False)
-    shapes = []
-    dtypes = []
-    for t in tensors:
-        shapes.append(list(t.shape) if with_shapes else [])
-        dtypes.append(dtype_name(t.dtype))
     site = call_site(caller or sys._getframe(1))
-    ident, _seq = rec.record(
-        group, op, shapes, dtypes, reduce_op_name(reduce_op), site, started=started
+    return rec.record_tensors(
+        group, op, tensors, reduce_op_name(reduce_op), with_shapes, site, started
     )
-    return int(ident)
 
 
 def fail(ident: Optional[int], error: BaseException) -> None:
