@@ -1,10 +1,10 @@
 //! Binding for [`crate::flight`]: the flight recorder, the diagnosis and dumps, as conversions
 //! only.
 //!
-//! `record_tensors` and `completed` run on every collective, so they take the GIL-held fast path: the
-//! core's critical section is one push under a mutex nobody holds while waiting on anything,
-//! cheaper than releasing and re-taking the GIL. Summaries, reports and dumps cross as JSON
-//! strings, the form they are published in, stored in and read from files.
+//! `record_tensors` and `completed` run on every collective, so they take the GIL-held fast
+//! path: the core's critical section is one push under a mutex nobody holds while waiting on
+//! anything, cheaper than releasing and re-taking the GIL. Summaries, reports and dumps cross as
+//! JSON strings, the form they are published in, stored in and read from files.
 
 use std::sync::Mutex;
 
