@@ -190,13 +190,6 @@ def _model(args: argparse.Namespace) -> torch.nn.Module:
     )
 
 
-def _unit_type(args: argparse.Namespace) -> type:
-    """What one FSDP unit wraps: a layer of the model."""
-    if args.model == "transformer":
-        return torch.nn.TransformerEncoderLayer
-    return torch.nn.Linear
-
-
 def _describe_model(args: argparse.Namespace) -> str:
     if args.model == "transformer":
         return (
@@ -247,10 +240,11 @@ def _worker(rank: int, port: int, args: argparse.Namespace, out: Any) -> None:
     per_op = {} if args.skip_per_op else _per_op_world2(saved, args.ops // 10)
     per_op["recorder work"] = _recorder_work_us(saved)
     torch.manual_seed(0)
+    layered = _model(args)  # FSDP wraps each of its layers as a unit
     models = {
         "ddp": DistributedDataParallel(_model(args), bucket_cap_mb=args.bucket_mb),
         "fsdp": FullyShardedDataParallel(
-            _model(args), auto_wrap_policy=ModuleWrapPolicy({_unit_type(args)})
+            layered, auto_wrap_policy=ModuleWrapPolicy({type(layered[0])})
         ),
     }
     rows = (args.batch, args.seq) if args.model == "transformer" else (args.batch,)

@@ -105,17 +105,15 @@ impl PyFlightRecorder {
             });
             dtypes.push(dtype_name(&tensor.getattr(intern!(py, "dtype"))?)?);
         }
-        let (id, _seq) = self.0.record(
+        let (id, _seq) = self.record(
             group,
             op.to_owned(),
             shapes,
             dtypes,
             reduce_op.map(str::to_owned),
             call_site.to_owned(),
+            started,
         );
-        if started {
-            self.0.started(id);
-        }
         Ok(id)
     }
 
