@@ -17,6 +17,11 @@ from torch.torch_version import TorchVersion
 
 _PREFIXES = itertools.count()
 
+# Every Python process a test starts (spawned workers, subprocesses) inherits this: a crash in
+# native code (a segfault, glibc's abort on a corrupted heap) then prints each thread's Python
+# stack to the output the test shows, instead of a bare signal.
+os.environ.setdefault("PYTHONFAULTHANDLER", "1")
+
 # The torch side of the parity scenarios (test_store_parity, test_store_dropin) asserts torch's
 # behaviour as documented for 2.11-2.15. torch 2.4 differs in ways no attribute reveals (its
 # servers close the connection on PING, a failed bind is a bare RuntimeError, world_size=0

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from typing import Any
 
 import pytest
@@ -48,10 +49,20 @@ def reports(free_port: int) -> dict[int, dict[str, Any]]:
     for p in procs:
         p.start()
     try:
-        out = {}
-        for _ in range(WORLD):
-            rank, report = queue.get()
-            out[rank] = report
+        out: dict[int, dict[str, Any]] = {}
+        deadline = time.monotonic() + 240
+        while len(out) < WORLD:
+            # A worker that dies (a signal, a crash in native code) never reports: say which,
+            # and how, at once instead of waiting out the test's timeout.
+            if not queue.empty():
+                rank, report = queue.get()
+                out[rank] = report
+                continue
+            dead = [(r, p.exitcode) for r, p in enumerate(procs) if p.exitcode not in (None, 0)]
+            assert not dead, f"DDP workers died before reporting (rank, exit code): {dead}"
+            missing = sorted(set(range(WORLD)) - set(out))
+            assert time.monotonic() < deadline, f"no report from ranks {missing}"
+            time.sleep(0.05)
         return out
     finally:
         for p in procs:
