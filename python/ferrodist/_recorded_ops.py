@@ -78,8 +78,11 @@ def collective(
     tensors: Optional[str] = None,
     reduce_op: Optional[str] = None,
     dtypes_only: bool = False,
+    internal: bool = False,
 ) -> Callable[..., Any]:
-    """``fn`` recorded as ``name``; ``tensors`` and ``reduce_op`` name its parameters."""
+    """``fn`` recorded as ``name``; ``tensors`` and ``reduce_op`` name its parameters.
+    ``internal``: only ferrodist's own code calls it, from a scope's frame or an autograd hook
+    (``_call_site.internal_call_site``)."""
     sig = inspect.signature(fn)
     group_arg = _Arg(sig, "group")
     async_arg = _Arg(sig, "async_op")
@@ -134,6 +137,7 @@ def collective(
             not dtypes_only,
             started,
             caller,
+            internal,
         )
 
     wrapper.__signature__ = sig  # type: ignore[attr-defined]

@@ -13,6 +13,7 @@ import sys
 
 import torch
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+from torch.utils.checkpoint import checkpoint
 
 import ferrodist as dist
 from ferrodist.ddp import DistributedDataParallel
@@ -51,6 +52,32 @@ def checked_site(frame=None) -> str:
     return found
 
 
+internal_shortcuts = [0]
+
+
+def checked_internal_site(frame) -> str:
+    """The same for ferrodist's own ops (``internal_call_site``), counting those it placed
+    without a walk."""
+    walks = [0]
+    walk = _call_site._walk
+
+    def counted(*args):
+        walks[0] += 1
+        return walk(*args)
+
+    _call_site._walk = counted
+    try:
+        found = _call_site.internal_call_site(frame)
+    finally:
+        _call_site._walk = walk
+    internal_shortcuts[0] += walks[0] == 0
+    expected = reference_site(frame)
+    if found != expected:
+        mismatches.append((found, expected))
+    seen.append(found)
+    return found
+
+
 def line() -> str:
     """This file's name and the caller's line."""
     return f"{os.path.basename(__file__)}:{sys._getframe(1).f_lineno}"
@@ -73,14 +100,38 @@ class Block(torch.nn.Module):
         return y
 
 
+class Checkpointed(torch.nn.Module):
+    """A user module that recomputes an FSDP unit in the backward: its forward, and so a scope,
+    runs inside the backward pass, below this file's frames."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = torch.nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return checkpoint(self.run_inner, x, use_reentrant=True)
+
+    inner_line = ""
+
+    def run_inner(self, x: torch.Tensor) -> torch.Tensor:
+        y, Checkpointed.inner_line = self.inner(x), line()
+        return y
+
+
 def run(name: str, step, results: dict) -> None:
     del seen[:]
+    internal_shortcuts[0] = 0
     lines = step()
-    results[name] = {"sites": sorted(set(seen)), "lines": lines}
+    results[name] = {
+        "sites": sorted(set(seen)),
+        "lines": lines,
+        "internal_shortcuts": internal_shortcuts[0],
+    }
 
 
 def main(rank: int, world: int, init: str) -> None:
     _recorder.call_site = checked_site
+    _recorder.internal_call_site = checked_internal_site
     dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=world)
     torch.manual_seed(0)
     x = torch.randn(4, 8)
@@ -115,7 +166,23 @@ def main(rank: int, world: int, init: str) -> None:
 
     run("nested", nested_step, results)
 
-    ddp = DistributedDataParallel(torch.nn.Sequential(torch.nn.Linear(8, 8)), bucket_cap_mb=0.0001)
+    recomputed = FullyShardedDataParallel(
+        torch.nn.Sequential(Checkpointed(), torch.nn.Linear(8, 8)),
+        auto_wrap_policy=ModuleWrapPolicy({torch.nn.Linear}),
+        backward_prefetch=None,  # the recomputation gathers its unit itself
+    )
+
+    def recomputed_step() -> dict:
+        out, forward = recomputed(x.clone().requires_grad_()), line()
+        _, backward = out.sum().backward(), line()
+        return {"forward": forward, "backward": backward, "inner": Checkpointed.inner_line}
+
+    for _ in range(2):
+        run("recomputed", recomputed_step, results)
+
+    ddp = DistributedDataParallel(
+        torch.nn.Sequential(*[torch.nn.Linear(8, 8) for _ in range(3)]), bucket_cap_mb=0.0001
+    )
 
     def ddp_step() -> dict:
         out = ddp(x)

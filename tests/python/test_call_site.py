@@ -55,6 +55,15 @@ def test_wrapper_ops_are_recorded_at_the_users_line_as_a_whole_walk_finds_it(tmp
     )
     ddp = sites["ddp"]
     assert ddp["lines"]["backward"] in ddp["sites"]
+    recomputed = sites["recomputed"]
+    # a unit recomputed in the backward (reentrant checkpoint) is placed where the user's module
+    # calls it, in the forward and in the recomputation, not at .backward(): a scope opened
+    # inside the backward pass makes FSDP's own ops walk
+    lines = recomputed["lines"]
+    assert recomputed["sites"] == sorted([lines["inner"], lines["forward"], lines["backward"]])
+    # FSDP's and DDP's own ops were placed without a walk (and, above, where a walk places them)
+    for name in ("fsdp", "nested", "ddp"):
+        assert sites[name]["internal_shortcuts"] > 0, name
 
 
 def test_a_scope_is_let_go_of_when_its_block_raises():

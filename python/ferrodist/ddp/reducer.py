@@ -330,7 +330,12 @@ class Reducer(ReducerJoinSupport):
         off)."""
         group = self._process_group
         return _flight.begin(
-            "ddp.all_reduce", _flight.describe_group(group), (buffer,), "SUM", started=True
+            "ddp.all_reduce",
+            _flight.describe_group(group),
+            (buffer,),
+            "SUM",
+            started=True,
+            internal=True,
         )
 
     @property

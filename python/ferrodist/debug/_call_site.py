@@ -15,6 +15,9 @@ found once and reused:
 
 Both give exactly the site the whole walk would: a user frame below the marked frame is still
 met first; only the part above it is reused, and that part cannot change while the frame runs.
+ferrodist's own ops, issued right from a scope's frame or from an autograd hook with no user
+frame in between, skip the walk down to the marked frame as well (``internal_call_site``): on a
+model of small units that walk was still a fifth of what recording an op costs.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from typing import Any, Optional
 import torch
 import torch.autograd.graph as _autograd_graph
 
-__all__ = ["call_site", "scope_of"]
+__all__ = ["call_site", "internal_call_site", "scope_of"]
 
 _FERRODIST_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
@@ -72,6 +75,26 @@ def call_site(frame: Optional[FrameType] = None) -> str:
     starts at ``frame`` (default: the caller's), so that a wrapper that knows its own caller
     skips its own frames."""
     return _walk(frame or sys._getframe(1), len(_marks.scopes) - 1)
+
+
+def internal_call_site(frame: FrameType) -> str:
+    """``call_site(frame)`` for an op that ferrodist's own code issues (FSDP's gathers and
+    reductions, DDP's buckets) from its scope's frame or from an autograd hook, so that no user
+    frame lies between ``frame`` and the innermost scope or the engine's entry: the site already
+    found for that scope (in a forward) or for the running backward pass, without walking; the
+    walk when none is known yet, or when a scope is open in a backward (a recomputed forward,
+    whose frames may be the user's)."""
+    marks = _marks
+    scopes = marks.scopes
+    task = _graph_task_id()
+    if task < 0:
+        if scopes:
+            site = scopes[-1][1]
+            if site is not None:
+                return site  # type: ignore[no-any-return]
+    elif not scopes and task == marks.pass_id:
+        return marks.pass_site
+    return _walk(frame, len(scopes) - 1)
 
 
 def _walk(frame: FrameType, scope: int) -> str:

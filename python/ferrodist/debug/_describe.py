@@ -43,8 +43,8 @@ enum costs microseconds on every op."""
 
 
 def reduce_op_name(op: Any) -> Optional[str]:
-    if op is None:
-        return None
+    if op is None or type(op) is str:  # already a name (DDP's buckets pass "SUM")
+        return op
     try:
         return _reduce_op_names[op]
     except (KeyError, TypeError):  # not seen yet, or unhashable

@@ -61,10 +61,10 @@ def hold(ident: int, work: Any) -> None:
     _in_flight[ident] = work
 
 
-_observable: set[int] = set()
-"""Ids of in-flight works already found to have a future: the head of the queue is checked on
-every recorded op while it runs, and asking (a pybind call, an exception when there is none)
-once per work is enough."""
+_observable: dict[int, Any] = {}
+"""In-flight works already found to have a future, by id, with that future: the head of the
+queue is checked on every recorded op while it runs, and asking (a pybind call, an exception
+when there is none) once per work is enough; the future is kept for reading how it ended."""
 
 
 def _set_aside(ident: int, work: Any) -> bool:
@@ -72,12 +72,12 @@ def _set_aside(ident: int, work: Any) -> bool:
     if ident in _observable:
         return False
     try:
-        work.get_future()
+        future = work.get_future()
     except RuntimeError:  # "Work::getFuture not implemented"
         if _in_flight.pop(ident, None) is not None:
             _unobservable[ident] = work
         return True
-    _observable.add(ident)
+    _observable[ident] = future
     return False
 
 
@@ -94,7 +94,7 @@ def waited(rec: Any, work: Any) -> None:
         for ident, held in list(held_by.items()):
             if held is work:
                 held_by.pop(ident, None)
-                _observable.discard(ident)
+                _observable.pop(ident, None)
                 rec.completed(ident)
                 completed(ident)
                 return
@@ -149,8 +149,7 @@ def _finished(work: Any) -> bool:
 def _mark(rec: Any, ident: int, work: Any) -> None:
     if _in_flight.pop(ident, None) is None:
         return  # another thread marked it
-    _observable.discard(ident)
-    error = _work_error(work)
+    error = _work_error(work, _observable.pop(ident, None))
     if error is None:
         rec.completed(ident)
         completed(ident)
@@ -158,13 +157,14 @@ def _mark(rec: Any, ident: int, work: Any) -> None:
         rec.failed(ident, error)
 
 
-def _work_error(work: Any) -> Optional[str]:
+def _work_error(work: Any, fut: Any = None) -> Optional[str]:
     """Why a finished work failed, or None (its future's value re-raises the error;
-    ``Work.exception`` is deprecated)."""
-    try:
-        fut = work.get_future()
-    except Exception:  # a Work without a future: its wait() is where an error surfaces
-        return None
+    ``Work.exception`` is deprecated); ``fut``: its future, when already asked for."""
+    if fut is None:
+        try:
+            fut = work.get_future()
+        except Exception:  # a Work without a future: its wait() is where an error surfaces
+            return None
     try:
         fut.value()
     except Exception as e:

@@ -24,7 +24,7 @@ import torch.distributed.distributed_c10d as _c10d
 
 from ferrodist import _native
 from ferrodist.debug import _inflight
-from ferrodist.debug._call_site import call_site
+from ferrodist.debug._call_site import call_site, internal_call_site
 from ferrodist.debug._describe import (
     describe_group,
     p2p_channel,
@@ -138,16 +138,19 @@ def begin(
     with_shapes: bool = True,
     started: bool = False,
     caller: Optional[FrameType] = None,
+    internal: bool = False,
 ) -> Optional[int]:
     """Record an issued operation (``started``: and already launched); its id, or None when
     recording is off. ``caller``: the frame that called the op, when the caller knows it (the
-    call site's walk starts there instead of at this function's caller)."""
+    call site's walk starts there instead of at this function's caller). ``internal``: an op
+    of ferrodist's own that ``internal_call_site`` may place (see there)."""
     rec = _State.recorder if _State.decided else recorder()
     if rec is None:
         return None
     if _inflight.pending():
         _inflight.sweep(rec, everything=False)
-    site = call_site(caller or sys._getframe(1))
+    frame = caller or sys._getframe(1)
+    site = internal_call_site(frame) if internal else call_site(frame)
     return rec.record_tensors(
         group, op, tensors, reduce_op_name(reduce_op), with_shapes, site, started
     )

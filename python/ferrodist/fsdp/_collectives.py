@@ -37,19 +37,29 @@ all_gather_flat: Callable[..., Any] = collective("fsdp.all_gather", _all_gather,
 """``all_gather_flat(output, input, group=...)``: every rank's ``input`` concatenated (on gloo
 at two ranks by exchange: ``ferrodist._exchange``)."""
 
+runtime_all_gather_flat: Callable[..., Any] = collective(
+    "fsdp.all_gather", _all_gather, "input_tensor", internal=True
+)
+"""``all_gather_flat`` as the runtime issues it, from a unit's forward or its backward hooks
+only: placed at the user's line without walking the stack (``internal_call_site``). The other
+ops here are issued only by the runtime's backward hooks."""
+
 reduce_scatter_flat: Callable[..., Any] = collective(
     "fsdp.reduce_scatter",
     getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor),
     "input",
     "op",
+    internal=True,
 )
 """``reduce_scatter_flat(output, input, group=...)``: this rank's chunk of the summed inputs."""
 
-all_reduce: Callable[..., Any] = collective("fsdp.all_reduce", dist.all_reduce, "tensor", "op")
+all_reduce: Callable[..., Any] = collective(
+    "fsdp.all_reduce", dist.all_reduce, "tensor", "op", internal=True
+)
 """``all_reduce(tensor, group=...)``: a gradient's sum across a (replicate) group."""
 
 reduce_scatter_by_exchange: Callable[..., Any] = collective(
-    "fsdp.reduce_scatter", reduce_scatter_rows, "input"
+    "fsdp.reduce_scatter", reduce_scatter_rows, "input", internal=True
 )
 """``reduce_scatter_by_exchange(received, input, group=...)``: each rank's chunk of ``input``
 sent to that rank, ``received`` holding every rank's chunk for this one (row = sender); the

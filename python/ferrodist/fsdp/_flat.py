@@ -33,7 +33,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from ._collectives import all_gather_flat
+from ._collectives import all_gather_flat, runtime_all_gather_flat
 from ._flat_grad import FlatGrads
 from ._layout import FlatParamLayout, ShardParamInfo, plan_flat_param
 
@@ -178,11 +178,12 @@ class FlatHandle(FlatGrads):
 
     # ----- transitions -----
 
-    def unshard(self, full_precision: bool = False) -> None:
+    def unshard(self, full_precision: bool = False, by_runtime: bool = False) -> None:
         """All-gather the shards into the padded buffer (if it was freed) and point at it.
 
         With parameter mixed precision the shard is cast first and the buffer is in the compute
         dtype, unless ``full_precision`` (summon, state dicts) asks for the original dtype.
+        ``by_runtime``: called by a unit's forward or backward hook (the runtime's gather).
         """
         low = self.mixed_params and not full_precision
         if not self.sharded:
@@ -194,7 +195,8 @@ class FlatHandle(FlatGrads):
         self.finish_prefetch()
         if buffer.untyped_storage().size() == 0:
             self._alloc(buffer)
-            all_gather_flat(buffer, self._shard_on_device(low), group=self.group)
+            gather = runtime_all_gather_flat if by_runtime else all_gather_flat
+            gather(buffer, self._shard_on_device(low), group=self.group)
         self.flat_param.data = buffer[: self.layout.flat_numel]
         self._unsharded = True
 
@@ -210,7 +212,7 @@ class FlatHandle(FlatGrads):
             return False  # still gathered (a strategy that keeps it between forward and backward)
         self._alloc(buffer)
         shard = self._shard_on_device(self.mixed_params)
-        work = all_gather_flat(buffer, shard, group=self.group, async_op=True)
+        work = runtime_all_gather_flat(buffer, shard, group=self.group, async_op=True)
         self._prefetch = (buffer, work, shard)
         return True
 

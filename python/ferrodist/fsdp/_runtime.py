@@ -57,7 +57,7 @@ def pre_forward(unit: FullyShardedDataParallel) -> None:
         return
     unit._handle_state = "forward"
     _prefetch.record(unit)
-    handle.unshard()
+    handle.unshard(by_runtime=True)
     _prefetch.forward(unit)
     handle.use_unsharded_views(as_params=False)
     if torch.is_grad_enabled():
@@ -128,7 +128,7 @@ def _pre_backward_hook(unit: FullyShardedDataParallel, grad: torch.Tensor) -> to
     handle = unit._handle
     if handle is not None:
         unit._handle_state = "backward_pre"
-        handle.unshard()
+        handle.unshard(by_runtime=True)
         _prefetch.backward(unit)
         handle.use_unsharded_views(as_params=False)
         handle.prepare_grad_for_backward()
