@@ -81,7 +81,10 @@ class ExchangeWork:
         return True
 
     def is_completed(self) -> bool:
-        return all(work.is_completed() for work in self._works)
+        for work in self._works:
+            if not work.is_completed():
+                return False
+        return True
 
     def get_future(self) -> Any:
         raise RuntimeError("ExchangeWork::getFuture not implemented (poll is_completed)")

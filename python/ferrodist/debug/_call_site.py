@@ -80,18 +80,17 @@ def call_site(frame: Optional[FrameType] = None) -> str:
 def internal_call_site(frame: FrameType) -> str:
     """``call_site(frame)`` for an op that ferrodist's own code issues (FSDP's gathers and
     reductions, DDP's buckets) from its scope's frame or from an autograd hook, so that no user
-    frame lies between ``frame`` and the innermost scope or the engine's entry: the site already
-    found for that scope (in a forward) or for the running backward pass, without walking; the
-    walk when none is known yet, or when a scope is open in a backward (a recomputed forward,
-    whose frames may be the user's)."""
+    frame lies between ``frame`` and the innermost scope or the engine's entry. In a forward:
+    the innermost scope's site, found (once) by walking on from the scope's caller, never from
+    ``frame``. In a backward: the running pass's site once known. Otherwise, and whenever a
+    scope is open in a backward (a recomputed forward, whose frames may be the user's), the
+    walk from ``frame``."""
     marks = _marks
     scopes = marks.scopes
     task = _graph_task_id()
     if task < 0:
-        if scopes:
-            site = scopes[-1][1]
-            if site is not None:
-                return site  # type: ignore[no-any-return]
+        if scopes:  # the walk would meet the scope's frame first: start above it
+            return _scope_site(len(scopes) - 1)
     elif not scopes and task == marks.pass_id:
         return marks.pass_site
     return _walk(frame, len(scopes) - 1)
@@ -104,11 +103,7 @@ def _walk(frame: FrameType, scope: int) -> str:
     last = frame
     while frame is not None:
         if frame is scope_frame:
-            entry = marks.scopes[scope]
-            if entry[1] is None:
-                back = frame.f_back
-                entry[1] = _walk(back, scope - 1) if back is not None else _outermost(frame)
-            return entry[1]  # type: ignore[no-any-return]
+            return _scope_site(scope)
         code = frame.f_code
         known = _user_file.get(id(code))
         if known is None or known[0] is not code:
@@ -121,6 +116,17 @@ def _walk(frame: FrameType, scope: int) -> str:
         last = frame
         frame = frame.f_back  # type: ignore[assignment]
     return _outermost(last)
+
+
+def _scope_site(scope: int) -> str:
+    """The site of this thread's scope number ``scope``: found once, by walking on from its
+    frame's caller."""
+    entry = _marks.scopes[scope]
+    if entry[1] is None:
+        frame = entry[0]
+        back = frame.f_back
+        entry[1] = _walk(back, scope - 1) if back is not None else _outermost(frame)
+    return entry[1]  # type: ignore[no-any-return]
 
 
 def _above_engine(frame: FrameType, scope: int) -> str:

@@ -228,7 +228,7 @@ def finish_call(
 
 def _completed(rec: _native.FlightRecorder, ident: int) -> None:
     rec.completed(ident)
-    _inflight.completed(ident)
+    _inflight.completed(rec, ident)
 
 
 def waited(work: Any) -> None:
