@@ -86,8 +86,9 @@ def _set_aside(ident: int, work: Any) -> bool:
 
 
 def completed(rec: Any, ident: int) -> None:
-    """Note that ``ident`` completed: the unobservable ops issued before it did too."""
+    """Mark ``ident`` completed in ``rec``: the unobservable ops issued before it did too."""
     global _latest_completed
+    rec.completed(ident)
     if ident > _latest_completed:
         _latest_completed = ident
         if _unobservable:
@@ -101,7 +102,6 @@ def waited(rec: Any, work: Any) -> None:
             if held is work:
                 held_by.pop(ident, None)
                 _observable.pop(ident, None)
-                rec.completed(ident)
                 completed(rec, ident)
                 return
 
@@ -114,7 +114,6 @@ def _sweep_unobservable(rec: Any) -> None:
     for ident, work in list(_unobservable.items()):
         if ident < _latest_completed or _finished(work):
             if _unobservable.pop(ident, None) is not None:
-                rec.completed(ident)
                 completed(rec, ident)
 
 
@@ -174,7 +173,6 @@ def _mark(rec: Any, ident: int, work: Any) -> None:
         return  # another thread marked it
     error = _work_error(work, _observable.pop(ident, None))
     if error is None:
-        rec.completed(ident)
         completed(rec, ident)
     else:
         rec.failed(ident, error)

@@ -222,13 +222,8 @@ def finish_call(
     if async_op and not queued_only(result):
         watch(ident, result)
     else:
-        _completed(rec, ident)
+        _inflight.completed(rec, ident)
     return result
-
-
-def _completed(rec: _native.FlightRecorder, ident: int) -> None:
-    rec.completed(ident)
-    _inflight.completed(rec, ident)
 
 
 def waited(work: Any) -> None:
@@ -264,7 +259,7 @@ def hold_until_finished(ident: Optional[int], work: Any) -> None:
     if rec is None or ident is None:
         return
     if queued_only(work):
-        _completed(rec, ident)
+        _inflight.completed(rec, ident)
     else:
         _inflight.hold(ident, work)
 
@@ -285,7 +280,7 @@ def wait_launched(ident: Optional[int], work: Any, on_device: bool) -> None:
         return
     rec = _State.recorder
     if rec is not None and ident is not None:
-        _completed(rec, ident)
+        _inflight.completed(rec, ident)
 
 
 def run_p2p(
