@@ -19,7 +19,9 @@ pair alike. The figure is the median of the pairs' on / off ratios with a bootst
 for the step's wall time and for the stepping thread's CPU time (on CPU the backward and every hook
 run on it: what the recorder's calls cost, without the waits that make wall time noisy), beside the
 recorder's own work per step (its calls timed alone x ops per step). The watchdog thread runs
-throughout, as it does in a job.
+throughout, as it does in a job. ``--pin`` puts each rank, with its backend's threads, on a core
+of its own, as two hosts would have: the two ranks then stop taking each other's core, which on a
+2-core machine moves a latency-bound step's wall time more than anything the recorder does.
 
     ./scripts/bench benches/flight_overhead.py [--layers 200] [--width 32] [--pairs 100]
     ./scripts/bench benches/flight_overhead.py --skip-per-op --model transformer --layers 4 \
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
+import os
 import random
 import socket
 import statistics
@@ -223,6 +226,8 @@ def _bootstrap_median(values: list[float], draws: int = 4000) -> tuple[float, fl
 
 def _worker(rank: int, port: int, args: argparse.Namespace, out: Any) -> None:
     torch.set_num_threads(1)
+    if args.pin:  # this rank and every thread it starts (gloo's) on one core of its own
+        os.sched_setaffinity(0, {rank % (os.cpu_count() or 1)})
     torch.set_flush_denormal(True)  # deep MLPs decay into subnormals: benches/README.md
     dist.init_process_group(
         "gloo",
@@ -312,6 +317,7 @@ def part2(args: argparse.Namespace) -> None:
     print(
         f"\nstep time, world 2, gloo, {_describe_model(args)}, "
         f"{args.pairs} pairs of steps (one on, one off, back to back; medians, ms)"
+        + (", each rank pinned to a core" if args.pin else "")
     )
     print(
         f"{'model':<6}{'ops/step':>9}{'time':>6}{'off':>9}{'on':>9}{'on / off':>10}"
@@ -351,6 +357,11 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=100, help="pairs of steps per model")
     parser.add_argument("--warmup", type=int, default=3, help="steps before the pairs")
     parser.add_argument("--skip-per-op", action="store_true")
+    parser.add_argument(
+        "--pin",
+        action="store_true",
+        help="each rank, with its backend's threads, on a core of its own (as on two hosts)",
+    )
     parser.add_argument(
         "--cuda", action="store_true", help="part 1 only, on NCCL with CUDA tensors (world 1)"
     )
