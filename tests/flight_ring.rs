@@ -45,6 +45,28 @@ fn numbers_each_group_and_point_to_point_apart() {
 }
 
 #[test]
+fn a_moved_op_takes_its_new_groups_next_number_even_once_dropped() {
+    let r = Recorder::new(2);
+    assert_eq!(rec(&r, "WORLD:p2p:0->1", "p2p 0->1"), (1, 1));
+    let (any, seq) = rec(&r, "WORLD:p2p:any->1", "p2p any->1");
+    assert_eq!((any, seq), (2, 1));
+    assert_eq!(r.moved(any, "WORLD:p2p:0->1", "p2p 0->1"), 2);
+    let e = r.entries();
+    let moved = e.iter().find(|e| e.id == any).unwrap();
+    assert_eq!((moved.group.as_str(), moved.seq), ("WORLD:p2p:0->1", 2));
+    assert_eq!(moved.op, "p2p 0->1");
+    // Dropped from the ring before its source was known: the channel still counts it.
+    let (gone, _) = rec(&r, "WORLD:p2p:any->1", "p2p any->1");
+    rec(&r, "WORLD", "all_reduce");
+    rec(&r, "WORLD", "all_reduce");
+    assert!(r.entries().iter().all(|e| e.id != gone));
+    assert_eq!(r.moved(gone, "WORLD:p2p:2->1", "p2p 2->1"), 1);
+    assert_eq!(rec(&r, "WORLD:p2p:2->1", "p2p 2->1").1, 2);
+    let s = r.summary(1, now_ms());
+    assert_eq!(s.last_seq.get("WORLD:p2p:0->1"), Some(&2));
+}
+
+#[test]
 fn states_move_forward_only_and_unknown_ids_are_ignored() {
     let r = Recorder::new(2);
     let (a, _) = rec(&r, "WORLD", "all_reduce");

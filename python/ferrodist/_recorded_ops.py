@@ -33,7 +33,7 @@ from typing import Any, Callable, Optional
 import torch
 import torch.distributed as _tdist
 
-from ferrodist.debug import _recorder
+from ferrodist.debug import _inflight, _recorder
 
 __all__ = ["collective", "p2p"]
 
@@ -195,14 +195,48 @@ class _P2P:
             return self._fn(*args, **kwargs)
         group = self._group(args, kwargs)
         peer = _global_peer(group, self._peer(args, kwargs), self._group_peer(args, kwargs))
-        if peer is None:  # a receive from any source: no channel to put it on
-            return self._fn(*args, **kwargs)
-        channel, op = _recorder.p2p_channel(group, peer, self._sending)
+        if peer is None:  # a receive from any source: on its own channel until the sender shows
+            channel, op = _recorder.any_source_channel(group)
+        else:
+            channel, op = _recorder.p2p_channel(group, peer, self._sending)
         tensors = [] if self._objects else _tensors_of(self._payload(args, kwargs))
         # both ends name the transfer alike: a send and its receive are one op of the channel
         name = op.replace("p2p", "p2p_object", 1) if self._objects else op
         ident = _recorder.begin(name, channel, tensors, caller=sys._getframe(1))
-        return _recorder.finish_call(ident, self._async, self._fn, *args, **kwargs)
+        if ident is not None and self._async:
+            return self._launch(ident, group, peer is None, args, kwargs)
+        result = _recorder.finish_call(ident, False, self._fn, *args, **kwargs)
+        if peer is None and isinstance(result, int):  # a synchronous receive returns its sender
+            _recorder.received_from(ident, group, result, self._objects)
+        return result
+
+    def _launch(
+        self,
+        ident: int,
+        group: Any,
+        any_source: bool,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> Any:
+        """The asynchronous call of ``ident``, its work held as a point-to-point op's (see
+        ``_inflight.hold_p2p``); a receive from any source moves to its sender's channel once
+        the recorder sees its work finished."""
+
+        def sender_known(work: Any) -> None:
+            sender = int(work._source_rank())
+            if group is not None:
+                sender = _tdist.get_global_rank(group, sender)
+            _recorder.received_from(ident, group, sender, self._objects)
+
+        _inflight.hold_p2p(ident, sender_known if any_source else None)
+        try:
+            work = _recorder.finish_call(ident, True, self._fn, *args, **kwargs)
+        except BaseException:
+            _inflight.drop_p2p(ident)
+            raise
+        if _recorder.queued_only(work):
+            _inflight.drop_p2p(ident)
+        return work
 
 
 def p2p(name: str, fn: Callable[..., Any], sending: bool, is_async: bool) -> Any:

@@ -34,6 +34,25 @@ struct Ring {
 }
 
 impl Ring {
+    /// The next sequence number on `group` for `op` (point-to-point ops count apart).
+    fn next_seq(&mut self, group: &str, op: &str) -> u64 {
+        let seqs = if is_p2p(op) {
+            &mut self.p2p_seqs
+        } else {
+            &mut self.seqs
+        };
+        match seqs.get_mut(group) {
+            Some(seq) => {
+                *seq += 1;
+                *seq
+            }
+            None => {
+                seqs.insert(group.to_string(), 1);
+                1
+            }
+        }
+    }
+
     fn get_mut(&mut self, id: u64) -> Option<&mut Entry> {
         let first = self.next_id - self.entries.len() as u64;
         if id < first || id >= self.next_id {
@@ -97,21 +116,7 @@ impl Recorder {
     ) -> (u64, u64) {
         let issued_at = now_ms();
         let mut ring = self.lock();
-        let seqs = if is_p2p(&op) {
-            &mut ring.p2p_seqs
-        } else {
-            &mut ring.seqs
-        };
-        let seq = match seqs.get_mut(group) {
-            Some(seq) => {
-                *seq += 1;
-                *seq
-            }
-            None => {
-                seqs.insert(group.to_string(), 1);
-                1
-            }
-        };
+        let seq = ring.next_seq(group, &op);
         let id = ring.next_id;
         ring.next_id += 1;
         if self.capacity == 0 {
@@ -164,6 +169,22 @@ impl Recorder {
                 ring.last_completed_id = id;
             }
         }
+    }
+
+    /// Op `id`, recorded on a stand-in group because its group was not known when it was
+    /// issued (a receive from any source, on `...:p2p:any->R`), turned out to be on `group` as
+    /// `op`: it moves there and takes that group's next sequence number, so that the group's
+    /// numbering stays the one its other member keeps. The number is taken even when the ring
+    /// has already dropped the op. Returns the new sequence number.
+    pub fn moved(&self, id: u64, group: &str, op: &str) -> u64 {
+        let mut ring = self.lock();
+        let seq = ring.next_seq(group, op);
+        if let Some(entry) = ring.get_mut(id) {
+            entry.group = group.to_string();
+            entry.op = op.to_string();
+            entry.seq = seq;
+        }
+        seq
     }
 
     /// Op `id` failed because of `why`.

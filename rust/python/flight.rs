@@ -127,6 +127,13 @@ impl PyFlightRecorder {
         self.0.completed(id)
     }
 
+    /// Op `id`, issued on a stand-in group (a receive from any source), turned out to be on
+    /// `group` as `op`: it moves there with that group's next sequence number, which it
+    /// returns (taken even when the ring no longer holds the op).
+    fn moved(&self, id: u64, group: &str, op: &str) -> u64 {
+        self.0.moved(id, group, op)
+    }
+
     /// Op `id` failed because of `why` (unknown ids are ignored).
     fn failed(&self, id: u64, why: &str) {
         self.0.failed(id, why)

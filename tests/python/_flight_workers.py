@@ -24,6 +24,7 @@ import torch.distributed
 
 import ferrodist as dist
 import ferrodist.debug
+from ferrodist.debug import _recorder
 
 
 def _init(rank: int, world: int, port: int, timeout_s: float) -> None:
@@ -221,6 +222,36 @@ def scenario_p2p(rank: int, world: int) -> None:
     _say("ENTRIES", ferrodist.debug.recorder().entries())
 
 
+def scenario_p2p_any(rank: int, world: int) -> None:
+    """Receives from any source on rank 1 (a synchronous one and an asynchronous one), sent by
+    ranks 0 and 2, before a receive from a named source. (torch 2.13's ``recv_object_list``
+    needs a source.)"""
+    t = torch.full((3,), float(rank))
+    if rank == 0:
+        dist.send(t, 1)
+    elif rank == 1:
+        _say("SENDER", dist.recv(t))
+    dist.barrier()
+    if rank == 1:
+        work = dist.irecv(t)  # site: any_irecv
+    dist.barrier()  # completes while the receive still waits: it must stay pending
+    if rank == 1:
+        _recorder.sweep()  # as a dump and the watchdog do
+        _say("WAITING", [e for e in ferrodist.debug.recorder().entries() if "any" in e["group"]])
+    dist.barrier()
+    if rank == 2:
+        dist.isend(t, 1).wait()
+    elif rank == 1:
+        work.wait()
+    dist.barrier()
+    if rank == 0:
+        dist.send(t, 1)
+    elif rank == 1:
+        dist.recv(t, 0)
+    dist.barrier()
+    _say("ENTRIES", ferrodist.debug.recorder().entries())
+
+
 def scenario_fsdp(rank: int, world: int) -> None:
     """A few FSDP steps: its all-gathers and reduce-scatters are recorded as FSDP's."""
     from ferrodist.fsdp import FullyShardedDataParallel
@@ -248,6 +279,7 @@ SCENARIOS = {
     "dump": scenario_dump,
     "ddp_clean": scenario_ddp_clean,
     "p2p": scenario_p2p,
+    "p2p_any": scenario_p2p_any,
     "fsdp": scenario_fsdp,
 }
 

@@ -95,3 +95,52 @@ def test_the_full_sweep_polls_unobservable_works(rec: Any) -> None:
     assert _state(rec, held) == "started"  # not asked per op
     _inflight.sweep(rec)  # what the watchdog and dumps do before they read the ring
     assert _state(rec, held) == "completed"
+
+
+def test_a_point_to_point_op_is_never_completed_by_a_later_op(rec: Any) -> None:
+    """A receive waits through any number of collectives: only its own work says it is done."""
+    work = _UnobservableWork(finished=False)
+    held = _issue(rec, "p2p 0->1")
+    _inflight.hold_p2p(held)
+    _inflight.hold(held, work)
+    _inflight.sweep(rec, everything=False)
+    for _ in range(3):  # barriers issued and completed after it
+        later = _issue(rec, "barrier")
+        _inflight.sweep(rec, everything=False)
+        _inflight.completed(rec, later)
+    _inflight.sweep(rec)
+    assert _state(rec, held) == "started"
+    asked = work.asked
+    work.finished = True
+    _inflight.sweep(rec, everything=False)  # the next recorded op asks the few held
+    assert work.asked == asked + 1
+    assert _state(rec, held) == "completed"
+    assert not _inflight.pending()
+
+
+def test_a_receive_from_any_source_is_moved_before_it_is_marked(rec: Any) -> None:
+    work = _UnobservableWork(finished=False)
+    ident, _ = rec.record("WORLD:p2p:any->1", "p2p any->1", [[2]], ["float32"], None, "t.py:1")
+    seen: list[tuple[str, str]] = []
+
+    def sender_known(finished: Any) -> None:
+        assert finished is work
+        seen.append((_state(rec, ident), "moved"))
+        rec.moved(ident, "WORLD:p2p:2->1", "p2p 2->1")
+
+    _inflight.hold_p2p(ident, sender_known)
+    _inflight.hold(ident, work)
+    _inflight.sweep(rec)
+    assert seen == []
+    work.finished = True
+    _inflight.sweep(rec)
+    assert seen == [("issued", "moved")]
+    entry = next(e for e in rec.entries() if e["id"] == ident)
+    assert (entry["group"], entry["seq"], entry["state"]) == ("WORLD:p2p:2->1", 1, "completed")
+
+
+def test_a_point_to_point_op_that_failed_to_launch_leaves_nothing_held(rec: Any) -> None:
+    ident = _issue(rec, "p2p any->1")
+    _inflight.hold_p2p(ident, lambda work: None)
+    _inflight.drop_p2p(ident)
+    assert not _inflight._p2p

@@ -44,6 +44,33 @@ def test_a_clean_ddp_and_zero_run_with_uneven_steps_reports_nothing(tmp_path):
         assert json.loads(values(out, "PENDING")[0]) == [], out
 
 
+def test_a_receive_from_any_source_moves_to_its_senders_channel(tmp_path):
+    """Pending, it waits on its rank's own channel at the user's line; once its sender is known
+    it takes its place in the sender's channel, so the numbering on both ends stays aligned."""
+    outputs = outputs_of(start_world("p2p_any", 3, tmp_path), timeout=120)
+    for out in outputs:
+        assert "DONE p2p_any" in out, out
+    receiver = outputs[1]
+    assert json.loads(values(receiver, "SENDER")[0]) == 0
+    waiting = json.loads(values(receiver, "WAITING")[0])
+    assert [(e["group"], e["op"], e["state"]) for e in waiting] == [
+        ("WORLD:p2p:any->1", "p2p any->1", "started")
+    ], waiting
+    assert waiting[0]["call_site"] == site("any_irecv")
+    rings = [
+        [e for e in json.loads(values(out, "ENTRIES")[0]) if "p2p" in e["group"]] for out in outputs
+    ]
+    signatures = [[(e["group"], e["seq"], e["op"], e["shapes"]) for e in r] for r in rings]
+    assert signatures[0] == [
+        ("WORLD:p2p:0->1", 1, "p2p 0->1", [[3]]),
+        ("WORLD:p2p:0->1", 2, "p2p 0->1", [[3]]),
+    ]
+    assert signatures[2] == [("WORLD:p2p:2->1", 1, "p2p 2->1", [[3]])]
+    # the receiver's ring: the same (channel, seq, op, shapes), in its own issue order
+    assert sorted(signatures[1]) == sorted(signatures[0] + signatures[2]), signatures[1]
+    assert all(e["state"] == "completed" for r in rings for e in r), rings
+
+
 def test_fsdp_traffic_is_recorded_as_fsdp(tmp_path):
     outputs = outputs_of(start_world("fsdp", 2, tmp_path), timeout=240)
     for out in outputs:

@@ -12,7 +12,8 @@ a signature, only the two ranks are members of the channel, and the group's coll
 has no gap on the ranks outside the pair (which would read as a rank falling behind). One channel
 per direction, not per pair, because transfers in opposite directions need not be issued in the
 same order on both ends (two ranks that each send, then receive, in one batch): only transfers
-in one direction are matched in order by every backend.
+in one direction are matched in order by every backend. A receive from any source waits on a
+channel of its own rank until it knows its sender (``any_source_channel``).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Any, Optional
 import torch.distributed as _tdist
 import torch.distributed.distributed_c10d as _c10d
 
-__all__ = ["describe_group", "p2p_channel", "reduce_op_name"]
+__all__ = ["any_source_channel", "describe_group", "p2p_channel", "reduce_op_name"]
 
 
 def describe_group(group: Any) -> str:
@@ -68,3 +69,11 @@ def p2p_channel(group: Any, peer: int, sending: bool) -> tuple[str, str]:
     me = _tdist.get_rank()
     src, dst = (me, peer) if sending else (peer, me)
     return f"{describe_group(group)}:p2p:{src}->{dst}", f"p2p {src}->{dst}"
+
+
+def any_source_channel(group: Any) -> tuple[str, str]:
+    """(group key, op name) of a receive from any source until its sender is known: a channel
+    of this rank's alone (``WORLD:p2p:any->1``). Once it completes it moves to its sender's
+    channel (``FlightRecorder.moved``), whose numbering the sender keeps."""
+    me = _tdist.get_rank()
+    return f"{describe_group(group)}:p2p:any->{me}", f"p2p any->{me}"

@@ -6,7 +6,8 @@ callback would take the GIL on the backend's own thread for every op, the cost f
 reducer avoids on purpose. Works that cannot be polled cheaply (``_unobservable``) are asked
 only by the watchdog's sweep; the per-op sweep marks them by what it already knows. A late mark
 only moves ``completed_at``; it can never make a finished op look pending to the watchdog,
-which sweeps first.
+which sweeps first. Point-to-point works (``hold_p2p``) are never marked by what later ops did:
+a receive may wait through any number of collectives.
 
 A held work keeps its future, and an unfinished future its callbacks (DDP's hold the reducer and
 so the process group), so works are let go of as soon as they are seen finished, and all of
@@ -16,13 +17,15 @@ them when the default group ends, at exit and in a forked child (``forget``).
 from __future__ import annotations
 
 import ctypes
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 __all__ = [
     "abandon_after_fork",
     "completed",
+    "drop_p2p",
     "forget",
     "hold",
+    "hold_p2p",
     "pending",
     "short",
     "sweep",
@@ -46,6 +49,17 @@ ops cost to record on small units."""
 _latest_completed = 0
 """The highest id known completed."""
 
+_p2p: dict[int, Optional[Callable[[Any], None]]] = {}
+"""Held point-to-point ops, each with what to call with its work once it is seen finished,
+before it is marked (a receive from any source learns its sender there: ``Work._source_rank``)."""
+
+_p2p_unobservable: dict[int, Any] = {}
+"""Point-to-point works seen unfinished that have no future (gloo's sends and receives). Unlike a
+collective's, such an op may finish long after ops issued later have (a receive waits through
+barriers), so none counts as completed because a later op did: each is asked (``is_completed``,
+which they answer) on every recorded op while it is held (a pipeline holds a few), by the
+watchdog's full sweep, or marked when its issuer waits for it."""
+
 
 def short(error: BaseException) -> str:
     """One line naming ``error``, for the ring."""
@@ -65,6 +79,29 @@ def hold(ident: int, work: Any) -> None:
     _in_flight[ident] = work
 
 
+def hold_p2p(ident: int, on_finished: Optional[Callable[[Any], None]] = None) -> None:
+    """``ident`` is a point-to-point op whose work is about to be held: call
+    ``on_finished(work)`` (if given) once it is seen finished, before marking it."""
+    _p2p[ident] = on_finished
+
+
+def drop_p2p(ident: int) -> None:
+    """``ident`` (see ``hold_p2p``) failed at its call, or returned no work to hold."""
+    _p2p.pop(ident, None)
+
+
+def _finished_with(rec: Any, ident: int, work: Any) -> None:
+    """Mark ``ident`` completed, its finished ``work`` at hand."""
+    if _p2p:
+        hook = _p2p.pop(ident, None)
+        if hook is not None:
+            try:
+                hook(work)
+            except Exception:  # naming the sender must never fail the op
+                pass
+    completed(rec, ident)
+
+
 _observable: dict[int, Any] = {}
 """In-flight works already found to have a future, by id, with that future: the head of the
 queue is checked on every recorded op while it runs, and asking (a pybind call, an exception
@@ -79,7 +116,7 @@ def _set_aside(ident: int, work: Any) -> bool:
         future = work.get_future()
     except RuntimeError:  # "Work::getFuture not implemented"
         if _in_flight.pop(ident, None) is not None:
-            _unobservable[ident] = work
+            (_p2p_unobservable if ident in _p2p else _unobservable)[ident] = work
         return True
     _observable[ident] = future
     return False
@@ -97,17 +134,17 @@ def completed(rec: Any, ident: int) -> None:
 
 def waited(rec: Any, work: Any) -> None:
     """``work`` was waited for by its issuer: mark its op completed if the recorder holds it."""
-    for held_by in (_unobservable, _in_flight):
+    for held_by in (_unobservable, _p2p_unobservable, _in_flight):
         for ident, held in list(held_by.items()):
             if held is work:
                 held_by.pop(ident, None)
                 _observable.pop(ident, None)
-                completed(rec, ident)
+                _finished_with(rec, ident, work)
                 return
 
 
 def pending() -> bool:
-    return bool(_in_flight) or bool(_unobservable)
+    return bool(_in_flight) or bool(_unobservable) or bool(_p2p_unobservable)
 
 
 def _sweep_unobservable(rec: Any) -> None:
@@ -115,6 +152,14 @@ def _sweep_unobservable(rec: Any) -> None:
         if ident < _latest_completed or _finished(work):
             if _unobservable.pop(ident, None) is not None:
                 completed(rec, ident)
+    if _p2p_unobservable:
+        _poll_p2p(rec)
+
+
+def _poll_p2p(rec: Any) -> None:
+    for ident, work in list(_p2p_unobservable.items()):
+        if _finished(work) and _p2p_unobservable.pop(ident, None) is not None:
+            _finished_with(rec, ident, work)
 
 
 def _mark_overtaken(rec: Any) -> None:
@@ -134,10 +179,13 @@ def _mark_overtaken(rec: Any) -> None:
 def sweep(rec: Any, everything: bool = True) -> None:
     """Mark the in-flight works that have finished; with ``everything`` False stop at the first
     one still running (ops finish mostly in order, so a per-op sweep costs O(1) amortized), and
-    of the unobservable works only those a later completed op has overtaken."""
+    of the unobservable works only those a later completed op has overtaken (of point-to-point
+    ones, those that say they have finished)."""
     if not everything:
         if _unobservable:
             _mark_overtaken(rec)
+        if _p2p_unobservable:
+            _poll_p2p(rec)
         while _in_flight:
             try:
                 ident = next(iter(_in_flight))
@@ -150,14 +198,14 @@ def sweep(rec: Any, everything: bool = True) -> None:
                 return
             _mark(rec, ident, work)
         return
-    if _unobservable:
+    if _unobservable or _p2p_unobservable:
         _sweep_unobservable(rec)
     for ident, work in list(_in_flight.items()):
         if _finished(work):
             _mark(rec, ident, work)
         else:
             _set_aside(ident, work)
-    if _unobservable:
+    if _unobservable or _p2p_unobservable:
         _sweep_unobservable(rec)
 
 
@@ -173,8 +221,9 @@ def _mark(rec: Any, ident: int, work: Any) -> None:
         return  # another thread marked it
     error = _work_error(work, _observable.pop(ident, None))
     if error is None:
-        completed(rec, ident)
+        _finished_with(rec, ident, work)
     else:
+        _p2p.pop(ident, None)
         rec.failed(ident, error)
 
 
@@ -199,7 +248,9 @@ def forget(rec: Any) -> None:
         sweep(rec)
     _in_flight.clear()
     _unobservable.clear()
+    _p2p_unobservable.clear()
     _observable.clear()
+    _p2p.clear()
 
 
 def abandon_after_fork() -> None:
@@ -209,7 +260,8 @@ def abandon_after_fork() -> None:
     global _latest_completed
     _latest_completed = 0
     _observable.clear()
-    for held in (_in_flight, _unobservable):
+    _p2p.clear()
+    for held in (_in_flight, _unobservable, _p2p_unobservable):
         if held:
             ctypes.pythonapi.Py_IncRef(ctypes.py_object(dict(held)))
             held.clear()

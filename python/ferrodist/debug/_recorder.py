@@ -26,6 +26,7 @@ from ferrodist import _native
 from ferrodist.debug import _inflight
 from ferrodist.debug._call_site import call_site, internal_call_site
 from ferrodist.debug._describe import (
+    any_source_channel,
     describe_group,
     p2p_channel,
     reduce_op_name,
@@ -33,6 +34,7 @@ from ferrodist.debug._describe import (
 from ferrodist.debug._inflight import short
 
 __all__ = [
+    "any_source_channel",
     "begin",
     "describe_group",
     "enabled",
@@ -42,6 +44,7 @@ __all__ = [
     "hold_until_finished",
     "p2p_channel",
     "queued_only",
+    "received_from",
     "recorder",
     "run",
     "run_p2p",
@@ -281,6 +284,17 @@ def wait_launched(ident: Optional[int], work: Any, on_device: bool) -> None:
     rec = _State.recorder
     if rec is not None and ident is not None:
         _inflight.completed(rec, ident)
+
+
+def received_from(ident: Optional[int], group: Any, source: int, objects: bool = False) -> None:
+    """The receive from any source ``ident`` (recorded on ``any_source_channel(group)``) came
+    from global rank ``source``: it moves to that pair's channel (``objects``: as an object
+    transfer), taking its next number there as the sender's send did."""
+    rec = _State.recorder
+    if rec is None or ident is None or source < 0:
+        return
+    channel, op = p2p_channel(group, source, False)
+    rec.moved(ident, channel, op.replace("p2p", "p2p_object", 1) if objects else op)
 
 
 def run_p2p(
