@@ -175,6 +175,81 @@ fn subgroups_and_point_to_point_ops_blame_nobody_outside_them() {
 }
 
 #[test]
+fn two_ranks_that_each_wait_to_receive_first_name_each_other() {
+    let ranks = job(3);
+    for r in &ranks {
+        done(r, "WORLD", "all_reduce", "a.py:1");
+    }
+    // A pipeline's classic deadlock, on channels neither rank has used yet.
+    op(&ranks[0], "WORLD:p2p:1->0", "p2p 1->0", 4, None, "pp.py:10");
+    op(&ranks[1], "WORLD:p2p:0->1", "p2p 0->1", 4, None, "pp.py:20");
+    let report = diagnose(&summaries(&ranks), 3, now_ms() + 5_000, MINUTE);
+    let text = report.to_string();
+    assert_eq!(report.behind.len(), 2, "{text}");
+    let blamed: Vec<(&str, Vec<usize>, Vec<usize>)> = report
+        .behind
+        .iter()
+        .map(|b| {
+            let ranks = b.ranks.iter().map(|r| r.rank).collect();
+            (b.group.as_str(), b.waiting.clone(), ranks)
+        })
+        .collect();
+    assert_eq!(
+        blamed,
+        vec![
+            ("WORLD:p2p:0->1", vec![1], vec![0]),
+            ("WORLD:p2p:1->0", vec![0], vec![1]),
+        ]
+    );
+    assert!(
+        text.contains(
+            "p2p 1->0 #1 on WORLD:p2p:1->0: rank 0 waits in it (for 5.0 s, at pp.py:10); rank 1 \
+             last completed #1 on WORLD (all_reduce at a.py:1)"
+        ) && text.contains("waits in p2p 0->1 #1 on WORLD:p2p:0->1 at pp.py:20"),
+        "{text}"
+    );
+    // Rank 2, in neither channel, is blamed for nothing.
+    assert!(!text.contains("rank 2"), "{text}");
+}
+
+#[test]
+fn a_receive_from_any_source_names_what_every_possible_sender_does() {
+    let ranks = job(3);
+    for r in &ranks {
+        done(r, "WORLD", "all_reduce", "a.py:1");
+    }
+    op(
+        &ranks[1],
+        "WORLD:p2p:any->1",
+        "p2p any->1",
+        4,
+        None,
+        "w.py:7",
+    );
+    op(&ranks[0], "WORLD", "barrier", 4, None, "a.py:2");
+    op(&ranks[2], "WORLD", "barrier", 4, None, "a.py:2");
+    let report = diagnose(&summaries(&ranks), 3, now_ms() + 5_000, MINUTE);
+    let text = report.to_string();
+    let any = report
+        .behind
+        .iter()
+        .find(|b| b.group == "WORLD:p2p:any->1")
+        .unwrap_or_else(|| panic!("{text}"));
+    assert_eq!(any.waiting, vec![1]);
+    assert_eq!(any.ranks.iter().map(|r| r.rank).collect::<Vec<_>>(), [0, 2]);
+    assert!(
+        text.contains("waits in barrier #2 on WORLD at a.py:2"),
+        "{text}"
+    );
+    // and on WORLD, rank 1 is the one the barrier waits for, in its receive
+    assert!(
+        text.contains("rank 1 last completed #1 (all_reduce at a.py:1)")
+            && text.contains("waits in p2p any->1 #1 on WORLD:p2p:any->1 at w.py:7"),
+        "{text}"
+    );
+}
+
+#[test]
 fn a_clean_job_reports_nothing_and_round_trips_as_json() {
     let ranks = job(4);
     for r in &ranks {

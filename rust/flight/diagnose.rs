@@ -3,7 +3,8 @@
 //!
 //! * **behind**: on each group, the oldest op that some ranks wait in; the group's ranks that
 //!   have not issued it yet are the ones everybody waits for. A rank is in a group when it has
-//!   issued anything there; every rank is in `WORLD`.
+//!   issued anything there; every rank is in `WORLD`, both ranks of a point-to-point channel are
+//!   in it, and the ranks of its group in a receive's from any source.
 //! * **desync**: one (group, seq) issued as different ops (op, shapes, dtypes or reduce op) on
 //!   different ranks. Only the first per group is reported: once a rank skipped an op, every
 //!   later number differs too, and the first one is the cause.
@@ -210,7 +211,7 @@ fn find_behind(known: &[Known], now_ms: u64) -> Vec<Behind> {
             .iter()
             .filter(|k| match k.issued(group) {
                 Some(last) => last < seq,
-                None => group == WORLD,
+                None => member_by_name(k, group),
             })
             .map(|k| behind_rank(k, group, now_ms))
             .collect();
@@ -231,6 +232,27 @@ fn find_behind(known: &[Known], now_ms: u64) -> Vec<Behind> {
         });
     }
     out
+}
+
+/// Whether a rank that has issued nothing on `group` is still one of its members: every rank
+/// is in `WORLD`; a point-to-point channel (`BASE:p2p:S->D`) has its two ranks, so that a
+/// receive whose sender never sent names the sender; any member of `BASE` may send to a
+/// receive from any source (`BASE:p2p:any->D`).
+fn member_by_name(k: &Known, group: &str) -> bool {
+    if group == WORLD {
+        return true;
+    }
+    let Some((base, pair)) = group.rsplit_once(":p2p:") else {
+        return false;
+    };
+    let Some((src, dst)) = pair.split_once("->") else {
+        return false;
+    };
+    let rank = k.summary.rank.to_string();
+    if src == "any" {
+        return dst != rank && (base == WORLD || k.issued(base).is_some());
+    }
+    src == rank || dst == rank
 }
 
 fn behind_rank(k: &Known, group: &str, now_ms: u64) -> BehindRank {

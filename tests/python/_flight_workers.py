@@ -136,6 +136,28 @@ def scenario_desync(rank: int, world: int) -> None:
     time.sleep(0.5)
 
 
+def scenario_p2p_deadlock(rank: int, world: int) -> None:
+    """Ranks 0 and 1 each receive from the other before sending (a pipeline's deadlock, on
+    channels neither has used); rank 2 waits in a barrier."""
+    _warm_up(rank)
+    _watch_report(time.monotonic())
+    t = torch.ones(4)
+    try:
+        if rank == 0:
+            dist.recv(t, 1)  # site: deadlock_recv_0
+        elif rank == 1:
+            dist.recv(t, 0)  # site: deadlock_recv_1
+        else:
+            dist.barrier()
+        _say("RETURNED", "op")
+    except RuntimeError as e:
+        _say("ERROR", str(e))
+    deadline = time.monotonic() + 8
+    while time.monotonic() < deadline and not ferrodist.debug.last_report():
+        time.sleep(0.05)
+    time.sleep(0.5)
+
+
 def scenario_killed(rank: int, world: int) -> None:
     """The last rank is SIGKILLed before an all_reduce."""
     _warm_up(rank)
@@ -275,6 +297,7 @@ SCENARIOS = {
     "idle": scenario_idle,
     "desync": scenario_desync,
     "killed": scenario_killed,
+    "p2p_deadlock": scenario_p2p_deadlock,
     "sigusr1": scenario_sigusr1,
     "dump": scenario_dump,
     "ddp_clean": scenario_ddp_clean,
@@ -290,6 +313,6 @@ def main(scenario: str, rank: int, world: int, port: int, timeout_s: float) -> N
     _say("DONE", scenario)
     sys.stdout.flush()
     # A world left hanging on purpose cannot be torn down cleanly: leave at once.
-    if scenario in ("stopped", "desync", "killed", "sigusr1"):
+    if scenario in ("stopped", "desync", "killed", "sigusr1", "p2p_deadlock"):
         os._exit(0)
     dist.destroy_process_group()

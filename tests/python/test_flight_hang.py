@@ -103,6 +103,18 @@ def test_a_rank_issuing_another_op_is_a_desync_naming_both_call_sites(tmp_path):
     assert len(stuck_report_logs(outputs)) == 1, outputs
 
 
+def test_two_ranks_each_receiving_first_are_named_with_where_each_waits(tmp_path):
+    outputs = outputs_of(start_world("p2p_deadlock", 3, tmp_path), timeout=60)
+    reports = [r for out in outputs for r in values(out, "REPORT")]
+    assert reports, outputs
+    report = reports[0]
+    assert "p2p 1->0 #1 on WORLD:p2p:1->0: rank 0 waits in it" in report, report
+    assert f"waits in p2p 0->1 #1 on WORLD:p2p:0->1 at {site('deadlock_recv_1')}" in report, report
+    assert "p2p 0->1 #1 on WORLD:p2p:0->1: rank 1 waits in it" in report, report
+    assert f"waits in p2p 1->0 #1 on WORLD:p2p:1->0 at {site('deadlock_recv_0')}" in report, report
+    assert len(stuck_report_logs(outputs)) == 1, outputs
+
+
 def test_a_killed_rank_is_gone(tmp_path):
     outputs = outputs_of(start_world("killed", 3, tmp_path), timeout=60)
     for out in outputs[:2]:
