@@ -154,7 +154,8 @@ def _on_device(tensors: list[torch.Tensor]) -> bool:
 
 
 class _P2P:
-    """A send or receive recorded on its pair's channel (see ``debug._recorder``).
+    """A send or receive recorded on its pair's channel (see ``debug._describe``); a receive
+    from any source on its rank's own channel until its sender is known.
 
     An object rather than a function for one reason: torch's ``P2POp`` accepts only an op equal
     to its own ``isend`` or ``irecv``, so ``P2POp(ferrodist.isend, ...)`` must keep working;
