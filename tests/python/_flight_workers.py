@@ -18,6 +18,7 @@ import sys
 import threading
 import time
 from datetime import timedelta
+from typing import Callable
 
 import torch
 import torch.distributed
@@ -115,47 +116,42 @@ def scenario_idle(rank: int, world: int) -> None:
     dist.barrier()
 
 
-def scenario_desync(rank: int, world: int) -> None:
-    """Rank 1 broadcasts where the others all-reduce."""
-    _warm_up(rank)
-    started = time.monotonic()
-    _watch_report(started)
-    t = torch.ones(4)
+def _stuck_in(op: Callable[[], object]) -> None:
+    """Run ``op``, which hangs until the group's timeout, printing the watchdog's report and the
+    error; then stay alive (and heartbeating) until the others have diagnosed too."""
+    _watch_report(time.monotonic())
     try:
-        if rank == 1:
-            dist.broadcast(t, src=1)  # site: desync_broadcast
-        else:
-            dist.all_reduce(t)  # site: desync_all_reduce
+        op()
         _say("RETURNED", "op")
     except RuntimeError as e:
         _say("ERROR", str(e))
-    # stay alive (and heartbeating) until the others have diagnosed
     deadline = time.monotonic() + 8
     while time.monotonic() < deadline and not ferrodist.debug.last_report():
         time.sleep(0.05)
     time.sleep(0.5)
+
+
+def scenario_desync(rank: int, world: int) -> None:
+    """Rank 1 broadcasts where the others all-reduce."""
+    _warm_up(rank)
+    t = torch.ones(4)
+    if rank == 1:
+        _stuck_in(lambda: dist.broadcast(t, src=1))  # site: desync_broadcast
+    else:
+        _stuck_in(lambda: dist.all_reduce(t))  # site: desync_all_reduce
 
 
 def scenario_p2p_deadlock(rank: int, world: int) -> None:
     """Ranks 0 and 1 each receive from the other before sending (a pipeline's deadlock, on
     channels neither has used); rank 2 waits in a barrier."""
     _warm_up(rank)
-    _watch_report(time.monotonic())
     t = torch.ones(4)
-    try:
-        if rank == 0:
-            dist.recv(t, 1)  # site: deadlock_recv_0
-        elif rank == 1:
-            dist.recv(t, 0)  # site: deadlock_recv_1
-        else:
-            dist.barrier()
-        _say("RETURNED", "op")
-    except RuntimeError as e:
-        _say("ERROR", str(e))
-    deadline = time.monotonic() + 8
-    while time.monotonic() < deadline and not ferrodist.debug.last_report():
-        time.sleep(0.05)
-    time.sleep(0.5)
+    if rank == 0:
+        _stuck_in(lambda: dist.recv(t, 1))  # site: deadlock_recv_0
+    elif rank == 1:
+        _stuck_in(lambda: dist.recv(t, 0))  # site: deadlock_recv_1
+    else:
+        _stuck_in(dist.barrier)
 
 
 def scenario_killed(rank: int, world: int) -> None:

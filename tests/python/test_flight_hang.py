@@ -92,27 +92,29 @@ def test_a_stopped_rank_is_named_behind_with_its_last_op_within_twice_the_thresh
     assert len(gone) == 1, outputs
 
 
-def test_a_rank_issuing_another_op_is_a_desync_naming_both_call_sites(tmp_path):
-    outputs = outputs_of(start_world("desync", 3, tmp_path), timeout=60)
+def logged_once(scenario: str, world: int, tmp_path: Path) -> str:
+    """The report of a ``scenario`` whose ranks all wait in their ``_stuck_in`` op: the first
+    one a rank kept, after checking that the job logged one, once."""
+    outputs = outputs_of(start_world(scenario, world, tmp_path), timeout=60)
     reports = [r for out in outputs for r in values(out, "REPORT")]
     assert reports, outputs
-    report = reports[0]
+    assert len(stuck_report_logs(outputs)) == 1, outputs
+    return reports[0]
+
+
+def test_a_rank_issuing_another_op_is_a_desync_naming_both_call_sites(tmp_path):
+    report = logged_once("desync", 3, tmp_path)
     assert "desync at #4 on WORLD" in report, report
     assert site("desync_broadcast") in report and site("desync_all_reduce") in report, report
     assert "broadcast" in report and "all_reduce" in report, report
-    assert len(stuck_report_logs(outputs)) == 1, outputs
 
 
 def test_two_ranks_each_receiving_first_are_named_with_where_each_waits(tmp_path):
-    outputs = outputs_of(start_world("p2p_deadlock", 3, tmp_path), timeout=60)
-    reports = [r for out in outputs for r in values(out, "REPORT")]
-    assert reports, outputs
-    report = reports[0]
+    report = logged_once("p2p_deadlock", 3, tmp_path)
     assert "p2p 1->0 #1 on WORLD:p2p:1->0: rank 0 waits in it" in report, report
     assert f"waits in p2p 0->1 #1 on WORLD:p2p:0->1 at {site('deadlock_recv_1')}" in report, report
     assert "p2p 0->1 #1 on WORLD:p2p:0->1: rank 1 waits in it" in report, report
     assert f"waits in p2p 1->0 #1 on WORLD:p2p:1->0 at {site('deadlock_recv_0')}" in report, report
-    assert len(stuck_report_logs(outputs)) == 1, outputs
 
 
 def test_a_killed_rank_is_gone(tmp_path):
