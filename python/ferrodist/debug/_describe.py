@@ -74,6 +74,10 @@ def p2p_channel(group: Any, peer: int, sending: bool) -> tuple[str, str]:
 def any_source_channel(group: Any) -> tuple[str, str]:
     """(group key, op name) of a receive from any source until its sender is known: a channel
     of this rank's alone (``WORLD:p2p:any->1``). Once it completes it moves to its sender's
-    channel (``FlightRecorder.moved``), whose numbering the sender keeps."""
+    channel (``FlightRecorder.moved``), whose numbering the sender keeps. It takes the number
+    the channel is at when it is seen finished: exact for a synchronous receive, and for an
+    ``irecv`` unless a receive naming the same sender is outstanding beside it: the two may then
+    be numbered in the opposite order to the one the backend matched them in (and the diagnosis
+    compare the wrong pair of shapes)."""
     me = _tdist.get_rank()
     return f"{describe_group(group)}:p2p:any->{me}", f"p2p any->{me}"
