@@ -6,10 +6,12 @@ tensor (a) through torch directly, (b) through ferrodist with recording off, (c)
 wait (the polled completion) and a broadcast. A control times torch's own all_reduce with a
 busy wait of a few microseconds beside it: what any work between two ops costs on this machine.
 
-Part 2 (world 2, gloo): a model trained with ferrodist's DDP and with ferrodist's FSDP (one unit
-per layer: an all-gather and a reduce-scatter per layer per step). ``--model mlp`` (the default) is
-``--layers`` x ``Linear(w, w)`` on ``--batch`` (16) rows with small DDP buckets: every op is
-latency-bound, the recorder's worst case. ``--model transformer`` is a stack of
+Part 2 (world 2, gloo): first the same per op, for a synchronous all_reduce and for a waited
+isend and irecv each way (a pipeline's exchange, point-to-point works held until they finish;
+``--per-op-only`` stops there); then a model trained with ferrodist's DDP and with ferrodist's
+FSDP (one unit per layer: an all-gather and a reduce-scatter per layer per step). ``--model
+mlp`` (the default) is ``--layers`` x ``Linear(w, w)`` on ``--batch`` (16) rows with small DDP
+buckets: every op is latency-bound, the recorder's worst case. ``--model transformer`` is a stack of
 ``TransformerEncoderLayer`` (``--width``, ``--heads``, 4 x width feed-forward) on ``--batch`` x
 ``--seq`` tokens, the shape users train, with DDP's default buckets (``--bucket-mb 25``). Steps are
 timed in pairs, one with recording on and one off, back to back in the same processes (the recorder
@@ -153,27 +155,45 @@ def _last_id(rec: Any) -> int:
     return int(entries[-1]["id"]) if entries else 0
 
 
-def _per_op_world2(saved: Any, n: int) -> dict[str, float]:
-    """Microseconds a synchronous all_reduce of 1,024 floats takes at world 2 (a real exchange
-    between two processes): torch's, and ferrodist's with recording off and on (median of 7
-    alternating rounds)."""
+def _per_op_world2(saved: Any, n: int) -> dict[str, dict[str, float]]:
+    """Microseconds an op takes at world 2 (a real exchange between two processes), torch's and
+    ferrodist's with recording off and on (median of 7 alternating rounds): a synchronous
+    all_reduce of 1,024 floats, and an isend and irecv of 1,024 floats each way, both waited
+    (a pipeline's exchange; two recorded ops, held as point-to-point works until they finish)."""
     t = torch.ones(1024)
-    torch_all_reduce = torch.distributed.all_reduce
-    cases: dict[str, tuple[bool, Callable[[], Any]]] = {
-        "torch": (False, lambda: torch_all_reduce(t)),
-        "off": (False, lambda: dist.all_reduce(t)),
-        "on": (True, lambda: dist.all_reduce(t)),
+    sent, received = torch.ones(1024), torch.empty(1024)
+    peer = 1 - dist.get_rank()
+
+    def exchange(isend: Callable[..., Any], irecv: Callable[..., Any]) -> None:
+        for work in (isend(sent, peer), irecv(received, peer)):
+            work.wait()
+
+    tdist = torch.distributed
+    cases: dict[str, dict[str, tuple[bool, Callable[[], Any]]]] = {
+        "all_reduce": {
+            "torch": (False, lambda: tdist.all_reduce(t)),
+            "off": (False, lambda: dist.all_reduce(t)),
+            "on": (True, lambda: dist.all_reduce(t)),
+        },
+        "isend + irecv": {
+            "torch": (False, lambda: exchange(tdist.isend, tdist.irecv)),
+            "off": (False, lambda: exchange(dist.isend, dist.irecv)),
+            "on": (True, lambda: exchange(dist.isend, dist.irecv)),
+        },
     }
-    rows: dict[str, list[float]] = {name: [] for name in cases}
-    for round_ in range(7):
-        order = list(cases) if round_ % 2 == 0 else list(cases)[::-1]
-        for name in order:
-            on, fn = cases[name]
-            _switch(on, saved)
-            dist.barrier()
-            rows[name].append(_per_op(fn, n))
+    figures: dict[str, dict[str, float]] = {}
+    for case, modes in cases.items():
+        rows: dict[str, list[float]] = {name: [] for name in modes}
+        for round_ in range(7):
+            order = list(modes) if round_ % 2 == 0 else list(modes)[::-1]
+            for name in order:
+                on, fn = modes[name]
+                _switch(on, saved)
+                dist.barrier()
+                rows[name].append(_per_op(fn, n))
+        figures[case] = {name: statistics.median(v) for name, v in rows.items()}
     _switch(True, saved)
-    return {name: statistics.median(v) for name, v in rows.items()}
+    return figures
 
 
 def _model(args: argparse.Namespace) -> torch.nn.Module:
@@ -243,7 +263,13 @@ def _worker(rank: int, port: int, args: argparse.Namespace, out: Any) -> None:
 
     saved = _recorder.recorder()
     per_op = {} if args.skip_per_op else _per_op_world2(saved, args.ops // 10)
-    per_op["recorder work"] = _recorder_work_us(saved)
+    work = _recorder_work_us(saved)
+    if args.per_op_only:
+        if rank == 0:
+            out.put(({}, {}, per_op, work))
+        dist.barrier()
+        dist.destroy_process_group()
+        return
     torch.manual_seed(0)
     layered = _model(args)  # FSDP wraps each of its layers as a unit
     models = {
@@ -284,7 +310,7 @@ def _worker(rank: int, port: int, args: argparse.Namespace, out: Any) -> None:
             pairs[name].append((timed["on"][0], timed["off"][0], timed["on"][1], timed["off"][1]))
     _switch(True, saved)
     if rank == 0:
-        out.put((pairs, ops_per_step, per_op))
+        out.put((pairs, ops_per_step, per_op, work))
     dist.barrier()
     del models
     dist.destroy_process_group()
@@ -299,21 +325,23 @@ def part2(args: argparse.Namespace) -> None:
     procs = [ctx.Process(target=_worker, args=(r, port, args, out)) for r in range(2)]
     for p in procs:
         p.start()
-    pairs, ops, per_op = out.get(timeout=3600)
+    pairs, ops, per_op, work = out.get(timeout=3600)
     for p in procs:
         p.join(120)
-    if "on" in per_op:
+    if per_op:
         print(
-            "\nper op, world 2, gloo, synchronous all_reduce of 1,024 floats (median of 7 "
-            "rounds, microseconds)"
+            "\nper op, world 2, gloo, 1,024 floats (a synchronous all_reduce; an isend and an "
+            "irecv each way, waited), median of 7 rounds, microseconds"
         )
-        print(f"{'torch':>9}{'off':>9}{'on':>9}{'on - off':>10}")
-        print(
-            f"{per_op['torch']:>9.1f}{per_op['off']:>9.1f}{per_op['on']:>9.1f}"
-            f"{per_op['on'] - per_op['off']:>10.1f}"
-        )
-    work = per_op["recorder work"]
+        print(f"{'op':<16}{'torch':>9}{'off':>9}{'on':>9}{'on - off':>10}")
+        for case, f in per_op.items():
+            print(
+                f"{case:<16}{f['torch']:>9.1f}{f['off']:>9.1f}{f['on']:>9.1f}"
+                f"{f['on'] - f['off']:>10.1f}"
+            )
     print(f"\nthe recorder's own calls for one op, timed alone: {work:.2f} us")
+    if args.per_op_only:
+        return
     print(
         f"\nstep time, world 2, gloo, {_describe_model(args)}, "
         f"{args.pairs} pairs of steps (one on, one off, back to back; medians, ms)"
@@ -357,6 +385,9 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=100, help="pairs of steps per model")
     parser.add_argument("--warmup", type=int, default=3, help="steps before the pairs")
     parser.add_argument("--skip-per-op", action="store_true")
+    parser.add_argument(
+        "--per-op-only", action="store_true", help="the per-op figures (world 1 and 2), no steps"
+    )
     parser.add_argument(
         "--pin",
         action="store_true",

@@ -10,11 +10,12 @@ What is recorded as an op's shapes is what every member of the group passes alik
 an all-gather, the tensor of a gather or scatter), so that a shape differing between ranks means
 a real mismatch; all-to-all records no shapes, since its splits may differ by rank.
 
-A collective on CPU tensors is launched first and recorded after, while the backend runs it:
-recorded first, every launch waited for the recorder's few microseconds, and on a small machine
-any work just before a gloo op costs more than itself (the control rows of
-``benches/flight_overhead.py``). The order changes nothing a diagnosis reads: the op is recorded,
-issued and started, before anything waits for it, and a launch that raises is recorded failed.
+A collective (or an ``isend`` / ``irecv``) on CPU tensors is launched first and recorded after,
+while the backend runs it: recorded first, every launch waited for the recorder's few
+microseconds, and on a small machine any work just before a gloo op costs more than itself (the
+control rows of ``benches/flight_overhead.py``), on a pipeline's exchange several times over.
+The order changes nothing a diagnosis reads: the op is recorded, issued and started, before
+anything waits for it, and a launch that raises is recorded failed.
 An op that may block in its very call is still recorded before it, so that a hang there is seen:
 one without an asynchronous form (the object collectives), one without tensors (a barrier) and
 one on a device (NCCL sets up a group's communicator in its first op's launch, waiting for every
@@ -33,7 +34,7 @@ from typing import Any, Callable, Optional
 import torch
 import torch.distributed as _tdist
 
-from ferrodist.debug import _inflight, _recorder
+from ferrodist.debug import _recorder
 
 __all__ = ["collective", "p2p"]
 
@@ -203,9 +204,13 @@ class _P2P:
         tensors = [] if self._objects else _tensors_of(self._payload(args, kwargs))
         # both ends name the transfer alike: a send and its receive are one op of the channel
         name = op.replace("p2p", "p2p_object", 1) if self._objects else op
-        ident = _recorder.begin(name, channel, tensors, caller=sys._getframe(1))
-        if ident is not None and self._async:
-            return self._launch(ident, group, peer is None, args, kwargs)
+        caller = sys._getframe(1)
+        if self._async:
+            on_cpu = bool(tensors) and tensors[0].is_cpu
+            return self._launch(
+                name, channel, tensors, group, peer is None, on_cpu, caller, args, kwargs
+            )
+        ident = _recorder.begin(name, channel, tensors, caller=caller)
         result = _recorder.finish_call(ident, False, self._fn, *args, **kwargs)
         if peer is None and isinstance(result, int):  # a synchronous receive returns its sender
             _recorder.received_from(ident, group, result, self._objects)
@@ -213,30 +218,44 @@ class _P2P:
 
     def _launch(
         self,
-        ident: int,
+        name: str,
+        channel: str,
+        tensors: list[torch.Tensor],
         group: Any,
         any_source: bool,
+        on_cpu: bool,
+        caller: FrameType,
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
     ) -> Any:
-        """The asynchronous call of ``ident``, its work held as a point-to-point op's (see
-        ``_inflight.hold_p2p``); a receive from any source moves to its sender's channel once
-        the recorder sees its work finished."""
+        """The asynchronous call, recorded as ``name`` on ``channel`` and held as a
+        point-to-point op (``_recorder.hold_p2p_until_finished``): on CPU tensors launched
+        first and recorded after, as collectives are (see the module doc), on a device recorded
+        first. A receive from any source moves to its sender's channel once the recorder sees
+        its work finished."""
+        ident = None if on_cpu else _recorder.begin(name, channel, tensors, caller=caller)
+        try:
+            work = self._fn(*args, **kwargs)
+        except BaseException as e:
+            if on_cpu:
+                ident = _recorder.begin(name, channel, tensors, started=True, caller=caller)
+            _recorder.fail(ident, e)
+            raise
+        if on_cpu:
+            ident = _recorder.begin(name, channel, tensors, started=True, caller=caller)
+        else:
+            _recorder.started(ident)
+        if ident is None:
+            return work
 
-        def sender_known(work: Any) -> None:
-            sender = int(work._source_rank())
+        def sender_known(finished: Any) -> None:
+            sender = int(finished._source_rank())
             if group is not None:
                 sender = _tdist.get_global_rank(group, sender)
             _recorder.received_from(ident, group, sender, self._objects)
 
-        _inflight.hold_p2p(ident, sender_known if any_source else None)
-        try:
-            work = _recorder.finish_call(ident, True, self._fn, *args, **kwargs)
-        except BaseException:
-            _inflight.drop_p2p(ident)
-            raise
-        if _recorder.queued_only(work):
-            _inflight.drop_p2p(ident)
+        on_finished = sender_known if any_source else None
+        _recorder.hold_p2p_until_finished(ident, work, on_finished, on_cpu)
         return work
 
 

@@ -41,6 +41,7 @@ __all__ = [
     "fail",
     "finish_call",
     "forget_in_flight",
+    "hold_p2p_until_finished",
     "hold_until_finished",
     "p2p_channel",
     "queued_only",
@@ -265,6 +266,24 @@ def hold_until_finished(ident: Optional[int], work: Any) -> None:
         _inflight.completed(rec, ident)
     else:
         _inflight.hold(ident, work)
+
+
+def hold_p2p_until_finished(
+    ident: Optional[int],
+    work: Any,
+    on_finished: Optional[Callable[[Any], None]] = None,
+    on_cpu: bool = False,
+) -> None:
+    """``hold_until_finished`` for a launched point-to-point op: never counted completed because
+    a later op completed (``_inflight.hold_p2p``); ``on_finished(work)`` runs before it is marked.
+    ``on_cpu``: gloo's work, which has no future to ask for."""
+    rec = _State.recorder
+    if rec is None or ident is None:
+        return
+    if queued_only(work):
+        _inflight.completed(rec, ident)
+    else:
+        _inflight.hold_p2p(ident, work, on_finished, asks_future=not on_cpu)
 
 
 def wait_launched(ident: Optional[int], work: Any, on_device: bool) -> None:
