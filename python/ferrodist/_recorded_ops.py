@@ -229,7 +229,7 @@ class _P2P:
         kwargs: dict[str, Any],
     ) -> Any:
         """The asynchronous call, recorded as ``name`` on ``channel`` and held as a
-        point-to-point op (``_recorder.hold_p2p_until_finished``): on CPU tensors launched
+        point-to-point op (``_recorder.hold_until_finished``): on CPU tensors launched
         first and recorded after, as collectives are (see the module doc), on a device recorded
         first. A receive from any source moves to its sender's channel once the recorder sees
         its work finished."""
@@ -255,7 +255,7 @@ class _P2P:
             _recorder.received_from(ident, group, sender, self._objects)
 
         on_finished = sender_known if any_source else None
-        _recorder.hold_p2p_until_finished(ident, work, on_finished, on_cpu)
+        _recorder.hold_until_finished(ident, work, True, on_finished, on_cpu)
         return work
 
 

@@ -41,7 +41,6 @@ __all__ = [
     "fail",
     "finish_call",
     "forget_in_flight",
-    "hold_p2p_until_finished",
     "hold_until_finished",
     "p2p_channel",
     "queued_only",
@@ -256,34 +255,27 @@ def queued_only(work: Any) -> bool:
     return work is None or (_PLACEHOLDER_WORK is not None and type(work) is _PLACEHOLDER_WORK)
 
 
-def hold_until_finished(ident: Optional[int], work: Any) -> None:
-    """Mark the launched ``ident`` completed (or failed) once ``work`` has finished; at once
-    when there is no work of its own (``queued_only``)."""
-    rec = _State.recorder
-    if rec is None or ident is None:
-        return
-    if queued_only(work):
-        _inflight.completed(rec, ident)
-    else:
-        _inflight.hold(ident, work)
-
-
-def hold_p2p_until_finished(
+def hold_until_finished(
     ident: Optional[int],
     work: Any,
+    p2p: bool = False,
     on_finished: Optional[Callable[[Any], None]] = None,
     on_cpu: bool = False,
 ) -> None:
-    """``hold_until_finished`` for a launched point-to-point op: never counted completed because
-    a later op completed (``_inflight.hold_p2p``); ``on_finished(work)`` runs before it is marked.
-    ``on_cpu``: gloo's work, which has no future to ask for."""
+    """Mark the launched ``ident`` completed (or failed) once ``work`` has finished; at once
+    when there is no work of its own (``queued_only``). ``p2p``: a point-to-point op, never
+    counted completed because a later op completed (``_inflight.hold_p2p``), with
+    ``on_finished(work)`` run before it is marked; ``on_cpu``: gloo's work, which has no future
+    to ask for."""
     rec = _State.recorder
     if rec is None or ident is None:
         return
     if queued_only(work):
         _inflight.completed(rec, ident)
-    else:
+    elif p2p:
         _inflight.hold_p2p(ident, work, on_finished, asks_future=not on_cpu)
+    else:
+        _inflight.hold(ident, work)
 
 
 def wait_launched(ident: Optional[int], work: Any, on_device: bool) -> None:
