@@ -6,7 +6,9 @@ adds nothing the name *is* torch's function: no wrapper, no per-call Python over
 wrappers, because gloo rejects ``PREMUL_SUM`` ("Cannot use ReduceOp.PREMUL_SUM with Gloo"):
 for a premultiplied sum on any backend but NCCL, ferrodist scales the input by the op's factor and
 runs a plain ``SUM`` through the backend, which is what ``PREMUL_SUM`` means. Every other op goes
-straight to torch after one type check. (gloo in torch 2.13 runs ``AVG`` itself.)
+straight to torch after one type check. (gloo in torch 2.13 runs ``AVG`` itself.) A sparse
+tensor's all-reduce on gloo is ferrodist's own, made of dense all-gathers, with the same result
+to the bit (``_sparse_all_reduce``): gloo's corrupts the process's heap now and then.
 
 Every collective and point-to-point op is recorded in the flight recorder (``ferrodist.debug``)
 on its way to torch, so these are thin wrappers with torch's signatures
@@ -22,6 +24,7 @@ import torch
 import torch.distributed as _tdist
 from torch.distributed import P2POp, batch_isend_irecv
 
+from ferrodist import _sparse_all_reduce as _sparse
 from ferrodist._recorded_ops import collective, p2p
 from ferrodist.c10d import ProcessGroup, ReduceOp, Work
 
@@ -102,11 +105,14 @@ def _all_reduce(
     group: Optional[ProcessGroup] = None,
     async_op: bool = False,
 ) -> Optional[Work]:
-    """``torch.distributed.all_reduce``; ``PREMUL_SUM`` also works on gloo."""
+    """``torch.distributed.all_reduce``; ``PREMUL_SUM`` also works on gloo, and a sparse
+    tensor's sum on gloo is ferrodist's (``_sparse_all_reduce``: gloo's corrupts the heap)."""
     factor = _premul_factor(op, tensor, group) if op.__class__ is ReduceOp else None
     if factor is not None:
         tensor.mul_(factor)
         op = _SUM
+    if getattr(tensor, "is_sparse", False) and _sparse.handles(tensor, op, group, async_op):
+        return _sparse.sparse_all_reduce(tensor, group, async_op)
     return _torch_all_reduce(tensor, op, group, async_op)
 
 

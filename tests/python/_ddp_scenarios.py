@@ -4,11 +4,19 @@ Each scenario builds the same model twice from one seed, wraps one copy in torch
 other in ferrodist's, feeds both the same rank-dependent batches, and returns what the test
 compares: final parameters and gradients, and the bucket layout each DDP handed its hook.
 Runs inside spawned worker processes with gloo initialised.
+
+The sparse scenarios run each side in a world of its own: ferrodist's side here, torch's in a
+world that never loads ferrodist (``torch_sparse_sides``, run by ``_torch_only_world``). torch's
+gloo sparse all-reduce corrupts the heap now and then, far more often in a process that has any
+Rust extension module loaded (README, DDP table); ferrodist's DDP no longer calls it (its own sum,
+``ferrodist._sparse_all_reduce``), so neither world runs that code beside a Rust extension. This
+module therefore imports ferrodist only when a ferrodist side runs.
 """
 
 from __future__ import annotations
 
 import copy
+import pickle
 from typing import Any, Callable
 
 import torch
@@ -17,9 +25,13 @@ import torch.nn as nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks as torch_hooks
 from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
-import ferrodist
-from ferrodist.algorithms.ddp_comm_hooks import default_hooks as fd_hooks
-from ferrodist.nn import DistributedDataParallel as FerroDDP
+
+def _ferrodist_side() -> tuple[Any, Any]:
+    """ferrodist's DDP class and default hooks, imported when a ferrodist side runs."""
+    from ferrodist.algorithms.ddp_comm_hooks import default_hooks
+    from ferrodist.nn import DistributedDataParallel
+
+    return DistributedDataParallel, default_hooks
 
 
 class Net(nn.Module):
@@ -91,22 +103,21 @@ def run(
     zero_grad_to_none: bool = True,
     swap_hooks: bool = False,
     dtype: torch.dtype = torch.float32,
+    sides: tuple[str, ...] = ("torch", "ferrodist"),
 ) -> dict[str, Any]:
-    """Train both DDPs; return ``{"torch": ..., "ferrodist": ...}`` results."""
+    """Train both DDPs (or the ``sides`` named); return ``{"torch": ..., "ferrodist": ...}``."""
     rank = dist.get_rank()
     torch.manual_seed(7 + rank)  # different inits per rank: DDP's broadcast must fix them
     base = Net(**(model or {})).to(dtype)
     results = {}
-    for kind, ddp_cls, hooks in (
-        ("torch", TorchDDP, torch_hooks),
-        ("ferrodist", FerroDDP, fd_hooks),
-    ):
+    for kind in sides:
+        ddp_cls, hooks = (TorchDDP, torch_hooks) if kind == "torch" else _ferrodist_side()
         net = copy.deepcopy(base)
         wrapped = ddp_cls(net, **(ddp or {}))
         layout: list[Any] = []
         if hook is not None:
             if swap_hooks:  # torch's DDP runs ferrodist's hook and the other way round
-                hooks = fd_hooks if hooks is torch_hooks else torch_hooks
+                hooks = _ferrodist_side()[1] if hooks is torch_hooks else torch_hooks
             fn = getattr(hooks, hook)
             if hook.endswith("_wrapper"):
                 fn = fn(hooks.allreduce_hook)
@@ -149,7 +160,7 @@ def uneven_join(divide_by_initial_world_size: bool = True) -> dict[str, Any]:
     torch.manual_seed(3)
     base = Net(bn=True)
     results = {}
-    for kind, ddp_cls in (("torch", TorchDDP), ("ferrodist", FerroDDP)):
+    for kind, ddp_cls in (("torch", TorchDDP), ("ferrodist", _ferrodist_side()[0])):
         net = copy.deepcopy(base)
         wrapped = ddp_cls(net, bucket_cap_mb=0.01)
         opt = torch.optim.SGD(wrapped.parameters(), lr=0.05)
@@ -167,7 +178,7 @@ def mismatch_error() -> str:
     rank = dist.get_rank()
     net = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 3 + (rank == 1)))
     try:
-        FerroDDP(net)
+        _ferrodist_side()[0](net)
     except RuntimeError as e:
         return str(e)
     return ""
@@ -176,7 +187,7 @@ def mismatch_error() -> str:
 def unused_without_detection() -> str:
     """An unused parameter without find_unused_parameters: the next forward must explain it."""
     net = Net(unused=True)
-    wrapped = FerroDDP(net)
+    wrapped = _ferrodist_side()[0](net)
     x = _batches(dist.get_rank(), 1)[0]
     wrapped(x).sum().backward()
     try:
@@ -192,7 +203,7 @@ def fused_optimizer() -> dict[str, Any]:
     torch.manual_seed(11)
     base = Net()
     results = {}
-    for kind, ddp_cls in (("torch", TorchDDP), ("ferrodist", FerroDDP)):
+    for kind, ddp_cls in (("torch", TorchDDP), ("ferrodist", _ferrodist_side()[0])):
         net = copy.deepcopy(base)
         wrapped = ddp_cls(net)
         wrapped._register_fused_optim(torch.optim.SGD, lr=0.1)
@@ -208,9 +219,11 @@ def builtin_hook(kind_name: str) -> dict[str, Any]:
     torch.manual_seed(5)
     base = Net()
     results = {}
+    import ferrodist
+
     for kind, ddp_cls, enum in (
         ("torch", TorchDDP, dist.BuiltinCommHookType),
-        ("ferrodist", FerroDDP, ferrodist.BuiltinCommHookType),
+        ("ferrodist", _ferrodist_side()[0], ferrodist.BuiltinCommHookType),
     ):
         net = copy.deepcopy(base)
         wrapped = ddp_cls(net)
@@ -271,7 +284,7 @@ def shipped_hook(name: str) -> dict[str, Any]:
     torch.manual_seed(7 + rank)
     base = Net()
     results = {}
-    for kind, ddp_cls in (("torch", TorchDDP), ("ferrodist", FerroDDP)):
+    for kind, ddp_cls in (("torch", TorchDDP), ("ferrodist", _ferrodist_side()[0])):
         net = copy.deepcopy(base)
         # PowerSGD issues collectives from future callbacks: with several buckets their order
         # differs across ranks and gloo hangs, under torch's DDP as under ours; one bucket here
@@ -300,7 +313,7 @@ def delayed_all_reduce() -> dict[str, Any]:
     torch.manual_seed(7 + rank)
     base = Net()
     results = {}
-    for kind, ddp_cls in (("torch", TorchDDP), ("ferrodist", FerroDDP)):
+    for kind, ddp_cls in (("torch", TorchDDP), ("ferrodist", _ferrodist_side()[0])):
         net = copy.deepcopy(base)
         delayed = [(n, p) for n, p in net.named_parameters() if n.startswith("out.")]
         wrapped = ddp_cls(
@@ -389,7 +402,6 @@ SCENARIOS: dict[str, Callable[[], dict[str, Any]]] = {
         hook="fp16_compress_wrapper",
         swap_hooks=True,
     ),
-    "sparse": lambda: run(model={"sparse": True}, ddp={"bucket_cap_mb": 0.01}),
     # large gradients, copied into their buckets as they arrive
     "wide": lambda: run(model={"wide": True, "bn": True}, ddp={"bucket_cap_mb": 0.1}),
     "wide_bucket_view": lambda: run(
@@ -427,14 +439,6 @@ SCENARIOS: dict[str, Callable[[], dict[str, Any]]] = {
         ddp={"static_graph": True, "gradient_as_bucket_view": True},
         steps=5,
     ),
-    "sparse_hook": lambda: run(
-        model={"sparse": True}, ddp={"bucket_cap_mb": 0.01}, hook="allreduce_hook", record=True
-    ),
-    "sparse_find_unused": lambda: run(
-        model={"sparse": True, "unused": True},
-        ddp={"find_unused_parameters": True},
-        spare_on_rank=1,
-    ),
     "delayed_all_reduce": delayed_all_reduce,
     "subgroup": subgroup,
     "join_uneven": uneven_join,
@@ -445,9 +449,43 @@ SCENARIOS: dict[str, Callable[[], dict[str, Any]]] = {
 }
 
 
+#: name -> scenario run on the sides named; each side in a world of its own (module doc).
+SPARSE_SCENARIOS: dict[str, Callable[[tuple[str, ...]], dict[str, Any]]] = {
+    "sparse": lambda sides: run(model={"sparse": True}, ddp={"bucket_cap_mb": 0.01}, sides=sides),
+    "sparse_hook": lambda sides: run(
+        model={"sparse": True},
+        ddp={"bucket_cap_mb": 0.01},
+        hook="allreduce_hook",
+        record=True,
+        sides=sides,
+    ),
+    "sparse_find_unused": lambda sides: run(
+        model={"sparse": True, "unused": True},
+        ddp={"find_unused_parameters": True},
+        spare_on_rank=1,
+        sides=sides,
+    ),
+}
+
+
+def torch_sparse_sides() -> bytes:
+    """torch's side of every sparse scenario, pickled: run in a world without ferrodist."""
+    return pickle.dumps({name: fn(("torch",))["torch"] for name, fn in SPARSE_SCENARIOS.items()})
+
+
+def compare_sparse(ferrodist_sides: bytes, torch_sides: bytes) -> dict[str, Any]:
+    """Each sparse scenario's comparison, from the two worlds' pickled sides."""
+    ours, theirs = pickle.loads(ferrodist_sides), pickle.loads(torch_sides)
+    return {name: _compare({"torch": theirs[name], "ferrodist": ours[name]}) for name in ours}
+
+
 def run_all() -> dict[str, Any]:
-    """Every scenario plus the two error texts, compared; what one rank reports."""
+    """Every scenario plus the two error texts, compared, and ferrodist's side of the sparse
+    scenarios, pickled (``sparse_sides``); what one rank reports."""
     out: dict[str, Any] = {name: _compare(fn()) for name, fn in SCENARIOS.items()}
+    out["sparse_sides"] = pickle.dumps(
+        {name: fn(("ferrodist",))["ferrodist"] for name, fn in SPARSE_SCENARIOS.items()}
+    )
     for name in SHIPPED_HOOKS:
         out[f"shipped_{name}"] = _compare(shipped_hook(name))
     out["mismatch_error"] = mismatch_error()

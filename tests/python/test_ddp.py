@@ -5,6 +5,9 @@ of two and a wrong reduction order would show) runs every scenario of ``_ddp_sce
 both DDPs from the same seed and data; the tests below assert on what each rank reported:
 parameters bitwise equal to torch's (the same buckets reduced the same way), the same bucket
 layout handed to comm hooks before and after the rebuild, and the errors naming their culprits.
+The sparse scenarios' torch side runs in a second world that never loads ferrodist
+(``_torch_only_world``): torch's gloo sparse all-reduce corrupts the heap now and then beside
+any Rust extension, and ferrodist's DDP sums sparse gradients without it.
 """
 
 from __future__ import annotations
@@ -14,9 +17,11 @@ import sys
 import time
 from typing import Any
 
+import _ddp_scenarios
 import pytest
 import torch
 import torch.multiprocessing as mp
+from _torch_only_world import torch_only_results
 
 WORLD = 3
 HERE = os.path.dirname(__file__)
@@ -63,12 +68,19 @@ def reports(free_port: int) -> dict[int, dict[str, Any]]:
             missing = sorted(set(range(WORLD)) - set(out))
             assert time.monotonic() < deadline, f"no report from ranks {missing}"
             time.sleep(0.05)
-        return out
     finally:
         for p in procs:
             p.join(timeout=30)
             if p.is_alive():
                 p.kill()
+    # The sparse scenarios' torch side, from a world that never loads ferrodist (see
+    # _ddp_scenarios and _torch_only_world), compared with ferrodist's side from this one.
+    torch_sides = torch_only_results("_ddp_scenarios", "torch_sparse_sides", WORLD)
+    for rank, report in out.items():
+        if "sparse_sides" in report:
+            ours = report.pop("sparse_sides")
+            report.update(_ddp_scenarios.compare_sparse(ours, torch_sides[rank]))
+    return out
 
 
 @pytest.fixture(scope="module")

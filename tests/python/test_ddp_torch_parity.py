@@ -5,17 +5,21 @@ reduced, with and without a comm hook, bucket views, a static graph) and sparse 
 ``gradient_as_bucket_view`` (torch's test_sparse_gradients_grad_is_view, through a comm hook
 too, mixed with dense buckets, accumulating). The scenarios live in
 _ddp_torch_parity_worker.py; each asserts that gradients and parameters are bitwise torch's
-after every step, and that the Logger counts the same reduced buckets.
+after every step, and that the Logger counts the same reduced buckets. torch's side of the
+sparse scenarios trains in a world that never loads ferrodist (``_torch_only_world``).
 """
 
 from __future__ import annotations
 
 import inspect
+import os
+import pickle
 
 import pytest
 import torch
-from _ddp_torch_parity_worker import SCENARIOS
+from _ddp_torch_parity_worker import SCENARIOS, TORCH_TRACES_ENV
 from _scenario_world import scenario_results
+from _torch_only_world import torch_only_results
 
 WORLD = 2
 # torch added the argument after 2.4; there is no torch DDP to compare those scenarios with.
@@ -26,9 +30,21 @@ TORCH_SKIPS_UNUSED = (
 
 
 @pytest.fixture(scope="module")
-def results() -> dict[str, list[str]]:
-    """Run every scenario once in one world; ``{scenario: [outcome per rank]}``."""
-    return scenario_results("_ddp_torch_parity_worker", list(SCENARIOS), WORLD)
+def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[str]]:
+    """Run every scenario once in one world; ``{scenario: [outcome per rank]}``. torch's side
+    of the sparse scenarios trains first, in a world without ferrodist."""
+    traces = torch_only_results("_ddp_torch_parity_worker", "torch_sparse_traces", WORLD)
+    path = tmp_path_factory.mktemp("torch-sparse") / "traces.pickle"
+    path.write_bytes(pickle.dumps(traces))
+    previous = os.environ.get(TORCH_TRACES_ENV)
+    os.environ[TORCH_TRACES_ENV] = str(path)  # the scenario world's processes inherit it
+    try:
+        return scenario_results("_ddp_torch_parity_worker", list(SCENARIOS), WORLD)
+    finally:
+        if previous is None:
+            del os.environ[TORCH_TRACES_ENV]
+        else:
+            os.environ[TORCH_TRACES_ENV] = previous
 
 
 @pytest.mark.parametrize("scenario", sorted(SCENARIOS))

@@ -15,14 +15,17 @@ from typing import Any, Callable, NoReturn
 import torch
 import torch.distributed as tdist
 
+from ferrodist import ops
 from ferrodist._recorded_ops import collective
 from ferrodist.ddp.grad_bucket import GradBucket
 
 CommHook = Callable[[Any, GradBucket], "torch.futures.Future[torch.Tensor]"]
 Fail = Callable[[type[Exception], str], NoReturn]
-
-_all_reduce = collective("ddp.all_reduce", tdist.all_reduce, "tensor", "op")
 """Raises an error of the given class with the given message (and may record it first)."""
+
+ddp_all_reduce = collective("ddp.all_reduce", ops._all_reduce, "tensor", "op")
+"""``all_reduce`` recorded as DDP's traffic (the Reducer's and the default hooks'); a sparse
+gradient on gloo takes ferrodist's own reduction (``ferrodist._sparse_all_reduce``)."""
 
 
 class BuiltinCommHookType(enum.Enum):
@@ -42,7 +45,7 @@ def allreduce_sum_future(
     process_group: Any, tensor: torch.Tensor
 ) -> torch.futures.Future[torch.Tensor]:
     """Start a SUM all-reduce of ``tensor`` in place; the future yields ``tensor``."""
-    work = _all_reduce(tensor, group=process_group, async_op=True)
+    work = ddp_all_reduce(tensor, group=process_group, async_op=True)
     assert work is not None
     return work.get_future().then(lambda fut: fut.value()[0])
 

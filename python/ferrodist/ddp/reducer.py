@@ -30,6 +30,7 @@ import torch
 import torch.distributed as tdist
 
 from ferrodist import _native
+from ferrodist import _sparse_all_reduce as _sparse
 from ferrodist._recorded_ops import collective
 from ferrodist.ddp import _bucket_assignment, comm_hook
 from ferrodist.ddp.bucket import SMALL_NUMEL, Bucket
@@ -41,6 +42,7 @@ from ferrodist.ddp.unused import reachable_parameters
 from ferrodist.debug import _recorder as _flight
 
 _all_reduce = collective("ddp.all_reduce", tdist.all_reduce, "tensor", "op")
+_SUM = tdist.ReduceOp.SUM
 
 
 def _engine_callback(fn: Callable[[], None]) -> None:
@@ -307,12 +309,17 @@ class Reducer(ReducerJoinSupport):
         for its view as real numbers.
         """
         group = self._process_group
+        # ferrodist's own sum for a sparse gradient on gloo (see ferrodist._sparse_all_reduce)
+        sparse = buffer.is_sparse and _sparse.handles(buffer, _SUM, group, True)
         # Recorded once launched, while the backend runs it; on a device first, as its launch
-        # may block (see ferrodist._recorded_ops).
-        launch_first = buffer.is_cpu
+        # may block (see ferrodist._recorded_ops), and so is the sparse sum, made in its launch.
+        launch_first = buffer.is_cpu and not sparse
         ident = None if launch_first else self._record_bucket(buffer)
         try:
-            if buffer.is_complex():
+            if sparse:
+                work = _sparse.sparse_all_reduce(buffer, group, async_op=True)
+                assert work is not None
+            elif buffer.is_complex():
                 work = tdist.all_reduce(buffer, group=group, async_op=True)
                 assert work is not None
             else:

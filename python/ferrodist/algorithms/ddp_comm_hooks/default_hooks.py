@@ -2,14 +2,18 @@
 
 Each hook divides before the sum (so low-precision values do not overflow) and returns a
 future of a tensor shaped like the bucket buffer. They take any process group, or ``None``
-for the default one, and work on ferrodist's and torch's DDP alike. The annotations are real
-objects (no ``from __future__ import annotations``): torch's DDP checks them at registration.
+for the default one, and work on ferrodist's and torch's DDP alike; their all-reduces are
+recorded as DDP's (``ddp.all_reduce``), and a sparse gradient on gloo takes ferrodist's own sum
+(``ferrodist._sparse_all_reduce``). The annotations are real objects (no ``from __future__
+import annotations``): torch's DDP checks them at registration.
 """
 
 from typing import Any, Callable, Optional
 
 import torch
 import torch.distributed as dist
+
+from ferrodist.ddp.comm_hook import ddp_all_reduce
 
 __all__ = [
     "allreduce_hook",
@@ -32,7 +36,7 @@ def _allreduce_fut(
     """Divide ``tensor`` by the group size in place, then start its SUM all-reduce."""
     group = _group(process_group)
     tensor.div_(group.size())
-    work = dist.all_reduce(tensor, group=group, async_op=True)
+    work = ddp_all_reduce(tensor, group=group, async_op=True)
     assert work is not None
     return work.get_future().then(lambda fut: fut.value()[0])
 
@@ -50,7 +54,7 @@ def _compress_hook(
     group = _group(process_group)
     buffer = bucket[0] if isinstance(bucket, tuple) else bucket.buffer()
     compressed = buffer.to(dtype).div_(group.size())
-    work = dist.all_reduce(compressed, group=group, async_op=True)
+    work = ddp_all_reduce(compressed, group=group, async_op=True)
     assert work is not None
 
     def decompress(fut: torch.futures.Future[Any]) -> torch.Tensor:
