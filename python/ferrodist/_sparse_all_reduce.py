@@ -5,10 +5,10 @@ with a sparse embedding), corrupts the process's heap now and then: a gloo worke
 glibc's allocator, in torch's own DDP with no ferrodist code on its path (README, "DDP", and
 ``benches/RESULTS.md``). ferrodist reduces the same tensor the same way without that code: each
 rank coalesces its input, the ranks all-gather each one's sizes and ``nnz``, then its indices and
-values padded to the largest ``nnz`` (dense all-gathers, which the failing runs never faulted
-in), and every rank sums the gathered tensors with the ATen calls gloo's work makes, in the same
-(rank) order, so the result is the same to the bit: one sparse tensor per rank, added into the
-first, coalesced, then copied into the input.
+values as bytes padded to the largest rank's (two dense all-gathers, which the failing runs never
+faulted in; gloo's makes three exchanges), and every rank sums the gathered tensors with the
+ATen calls gloo's work makes, in the same (rank) order, so the result is the same to the bit:
+one sparse tensor per rank, added into the first, coalesced, then copied into the input.
 
 It is one call that returns when the sum is in the input; ``async_op=True`` gets a ``Work`` that
 has already finished (torch's ``_create_work_from_future``), whose future yields ``[tensor]`` as
@@ -19,6 +19,7 @@ are exchanged; reductions other than SUM never get here (torch rejects them itse
 
 from __future__ import annotations
 
+import math
 from typing import Any, Optional
 
 import torch
@@ -81,34 +82,54 @@ def _gather_sizes(tensor: torch.Tensor, group: Optional[Any]) -> list[tuple[int,
         )
     shape = list(tensor.shape) + [-1] * (2 * _MAX_DIMS - tensor.dim())
     mine = torch.tensor([sparse_dim, dense_dim, *shape, tensor._nnz()], dtype=torch.long)
-    gathered = [torch.empty_like(mine) for _ in range(_tdist.get_world_size(group))]
-    _tdist.all_gather(gathered, mine, group=group)
-    return [tuple(int(x) for x in row.tolist()) for row in gathered]
+    return [tuple(row) for row in _all_gather_rows(mine, group).tolist()]
 
 
 def _gather_entries(
     tensor: torch.Tensor, nnz: list[int], group: Optional[Any]
 ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """Every rank's indices ``[sparse_dim, nnz]`` and values ``[nnz, *dense]``, exchanged
-    padded to the largest ``nnz``."""
-    longest = max(nnz)
-    dense_shape = tuple(tensor.shape[tensor.sparse_dim() :])
-    indices = _padded(tensor.indices(), 1, longest)
-    values = _padded(tensor.values(), 0, longest)
-    all_indices = [torch.empty_like(indices) for _ in nnz]
-    all_values = [torch.empty_like(values) for _ in nnz]
-    _tdist.all_gather(all_indices, indices, group=group)
-    _tdist.all_gather(all_values, values, group=group)
-    return (
-        [i.narrow(1, 0, n).contiguous() for i, n in zip(all_indices, nnz)],
-        [v.narrow(0, 0, n).reshape((n, *dense_shape)) for v, n in zip(all_values, nnz)],
+    """Every rank's indices ``[sparse_dim, nnz]`` and values ``[nnz, *dense]``, exchanged in one
+    all-gather of bytes: each rank's indices then values, padded to the largest rank's."""
+    sparse_dim = tensor.sparse_dim()
+    dense_shape = tuple(tensor.shape[sparse_dim:])
+    values_dtype = tensor.values().dtype
+    index_bytes = [_aligned(n * sparse_dim * 8) for n in nnz]
+    value_size = math.prod(dense_shape) * values_dtype.itemsize
+    # never empty: an empty exchange's rows would have no aligned offsets to view
+    row = max(16, *(i + _aligned(n * value_size) for i, n in zip(index_bytes, nnz)))
+    mine = torch.empty(row, dtype=torch.uint8)
+    rank = _tdist.get_rank(group)
+    ends = (
+        _put_bytes(mine, 0, tensor.indices()),
+        _put_bytes(mine, index_bytes[rank], tensor.values()),
     )
+    mine[ends[0] : index_bytes[rank]].zero_()  # no stale memory of this process goes out
+    mine[ends[1] :].zero_()
+    indices, values = [], []
+    for raw, n, start in zip(_all_gather_rows(mine, group), nnz, index_bytes):
+        indices.append(raw[: n * sparse_dim * 8].view(torch.long).view(sparse_dim, n))
+        values.append(raw[start : start + n * value_size].view(values_dtype).view(n, *dense_shape))
+    return indices, values
 
 
-def _padded(entries: torch.Tensor, dim: int, length: int) -> torch.Tensor:
-    """``entries`` made contiguous and zero-padded to ``length`` along ``dim``."""
-    shape = list(entries.shape)
-    shape[dim] = length
-    padded = entries.new_zeros(shape)
-    padded.narrow(dim, 0, entries.shape[dim]).copy_(entries)
-    return padded
+def _all_gather_rows(mine: torch.Tensor, group: Optional[Any]) -> torch.Tensor:
+    """Every rank's 1-D ``mine`` (all of one length), one row each, in rank order."""
+    world = _tdist.get_world_size(group)
+    flat = mine.new_empty(world * mine.numel())  # gloo splits a flat output, not rows
+    _tdist.all_gather_into_tensor(flat, mine, group=group)
+    return flat.view(world, mine.numel())
+
+
+def _aligned(nbytes: int) -> int:
+    """``nbytes`` rounded up to a multiple of 16, so that every part starts aligned for any
+    dtype (a view of bytes as a wider type needs its offset to be a multiple of its size)."""
+    return -(-nbytes // 16) * 16
+
+
+def _put_bytes(buffer: torch.Tensor, offset: int, entries: torch.Tensor) -> int:
+    """Copy ``entries``' elements, in order, as bytes into ``buffer`` at ``offset``; where
+    they end."""
+    flat = entries.contiguous().view(-1)
+    nbytes = flat.numel() * flat.element_size()
+    buffer.narrow(0, offset, nbytes).copy_(flat.view(torch.uint8))
+    return offset + nbytes
