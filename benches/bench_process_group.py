@@ -19,20 +19,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
 import statistics
-import subprocess
-import sys
 import time
 from datetime import timedelta
 
+from _subprocess_world import free_port as _port
+from _subprocess_world import run_world as subprocess_world
+
 SIZES = [4, 64, 1024, 16 << 10, 256 << 10, 4 << 20, 64 << 20]
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _human(n: int) -> str:
@@ -116,37 +110,8 @@ def worker_init(rank: int, world: int, port: int, trials: int) -> None:
 
 
 def run_world(mode: str, world: int, trials: int) -> dict:
-    port = _port()
-    procs = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                __file__,
-                "--worker",
-                mode,
-                str(r),
-                str(world),
-                str(port),
-                "--trials",
-                str(trials),
-            ],
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        for r in range(world)
-    ]
-    try:
-        out, _ = procs[0].communicate(timeout=900)
-        for p in procs[1:]:
-            p.wait(timeout=120)
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    if any(p.returncode for p in procs):
-        raise SystemExit(f"{mode} world {world} failed")
-    line = next(x for x in out.splitlines() if x.startswith("RESULT "))
-    return json.loads(line[len("RESULT ") :])
+    result: dict = subprocess_world(__file__, world, [mode], ["--trials", str(trials)])
+    return result
 
 
 def main() -> None:

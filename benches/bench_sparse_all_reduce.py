@@ -30,11 +30,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
 import statistics
-import subprocess
-import sys
 import time
+
+from _subprocess_world import run_world
 
 #: (name, table rows, row width, tokens per rank)
 SHAPES = [
@@ -42,12 +41,6 @@ SHAPES = [
     ("word embedding: 50,000 x 128, 2,048 tokens", 50_000, 128, 2_048),
     ("recommender table: 1,000,000 x 64, 16,384 tokens", 1_000_000, 64, 16_384),
 ]
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _gradient(rows: int, width: int, tokens: int, seed: int):  # type: ignore[no-untyped-def]
@@ -153,42 +146,6 @@ def _ddp_steps(rank: int, steps: int) -> dict:
     return {side: (min(v), statistics.median(v)) for side, v in per.items()}
 
 
-def run_world(world: int, calls: int) -> dict:
-    port = _port()
-    procs = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                __file__,
-                "--worker",
-                f"{r}",
-                f"{world}",
-                f"{port}",
-                "--calls",
-                f"{calls}",
-            ],
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        for r in range(world)
-    ]
-    try:
-        out, _ = procs[0].communicate(timeout=900)
-        for p in procs[1:]:
-            p.wait(timeout=120)
-    except subprocess.TimeoutExpired:
-        raise SystemExit(f"the world of {world} did not finish in 900 s (a hang)") from None
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    if any(p.returncode for p in procs):
-        codes = [p.returncode for p in procs]
-        raise SystemExit(f"the world of {world} failed: exit codes {codes}")
-    line = next(x for x in out.splitlines() if x.startswith("RESULT "))
-    return json.loads(line[len("RESULT ") :])
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--calls", type=int, default=40, help="calls per side and shape")
@@ -199,7 +156,7 @@ def main() -> None:
         rank, world, port = (int(x) for x in args.worker)
         worker(rank, world, port, args.calls)
         return
-    result = run_world(args.world, args.calls)
+    result = run_world(__file__, args.world, [], ["--calls", str(args.calls)])
     print(f"world {args.world}, gloo over loopback, {args.calls} calls a side, best (median)\n")
     print(
         "| shape (nnz per rank) | torch | ferrodist | ratio | received by a rank, torch / "
