@@ -45,7 +45,8 @@ def handles(tensor: Any, op: Any, group: Any, async_op: bool) -> bool:
         return False
     if _c10d._rank_not_in_group(group):
         return False
-    return "gloo" in str(_tdist.get_backend(group)).split(",")[0]
+    backend = str(_tdist.get_backend(group))  # "gloo", or per device: "cpu:gloo,cuda:nccl"
+    return backend == "gloo" or "cpu:gloo" in backend.split(",")
 
 
 def sparse_all_reduce(
