@@ -14,7 +14,8 @@ It is one call that returns when the sum is in the input; ``async_op=True`` gets
 has already finished (torch's ``_create_work_from_future``), whose future yields ``[tensor]`` as
 torch's does. The checks torch makes keep their classes and texts: non-matching sizes across
 ranks raise ``RuntimeError("Sparse dimensions do not match")`` on every rank, after the sizes
-are exchanged; reductions other than SUM never get here (torch rejects them itself).
+are exchanged; reductions other than SUM, complex values, a call inside torch's coalescing block
+and a rank outside the group never get here (torch's own all_reduce takes them as it does).
 """
 
 from __future__ import annotations
@@ -39,11 +40,15 @@ def handles(tensor: Any, op: Any, group: Any, async_op: bool) -> bool:
     :func:`sparse_all_reduce` makes (anything else goes to torch as it is)."""
     if not isinstance(tensor, torch.Tensor) or tensor.layout != torch.sparse_coo:
         return False
-    if not tensor.is_cpu or op != _tdist.ReduceOp.SUM:
+    if not tensor.is_cpu or tensor.is_complex() or op != _tdist.ReduceOp.SUM:
         return False
     if async_op and _work_from_future is None:  # torch before 2.1: no Work from a future
         return False
-    if _c10d._rank_not_in_group(group):
+    if not _tdist.is_initialized() or _c10d._rank_not_in_group(group):
+        return False  # torch says what is wrong, or does nothing, as it does for any tensor
+    # Inside torch's coalescing block an op is only queued: torch's own all_reduce queues it.
+    queued = getattr(_c10d._world, "pg_coalesce_state", {})
+    if (group if group is not None else _c10d._get_default_group()) in queued:
         return False
     backend = str(_tdist.get_backend(group))  # "gloo", or per device: "cpu:gloo,cuda:nccl"
     return backend == "gloo" or "cpu:gloo" in backend.split(",")

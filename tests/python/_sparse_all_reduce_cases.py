@@ -61,6 +61,7 @@ CASES = [
     "bfloat16",
     "async",
     "max_is_refused",
+    "in_a_coalescing_block",
     "sizes_differ",
 ]
 
@@ -92,6 +93,12 @@ def _run(case: str, all_reduce: Callable[..., Any]) -> dict[str, Any]:
                 "future_holds_the_input": len(value) == 1 and value[0] is tensor,
             }
             return out
+        if case == "in_a_coalescing_block":  # only queued there: torch's own call takes it
+            from torch.distributed.distributed_c10d import _coalescing_manager
+
+            with _coalescing_manager():
+                all_reduce(_input("embedding_rows", rank))
+            return {"error": None}
         if case == "max_is_refused":
             all_reduce(_input("embedding_rows", rank), op=dist.ReduceOp.MAX)
             return {"error": None}
