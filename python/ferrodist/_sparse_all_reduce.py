@@ -60,10 +60,12 @@ def sparse_all_reduce(
     """Sum the sparse ``tensor`` over ``group`` in place (see the module doc)."""
     with torch.no_grad():
         coalesced = tensor.coalesce()
+        rank = _tdist.get_rank(group)
         sizes = _gather_sizes(coalesced, group)
-        if any(other[:-1] != sizes[_tdist.get_rank(group)][:-1] for other in sizes):
+        if any(other[:-1] != sizes[rank][:-1] for other in sizes):
             raise RuntimeError("Sparse dimensions do not match")
-        indices, values = _gather_entries(coalesced, [other[-1] for other in sizes], group)
+        nnz = [other[-1] for other in sizes]
+        indices, values = _gather_entries(coalesced, nnz, rank, group)
         shape = coalesced.shape
         output = torch.sparse_coo_tensor(indices[0], values[0], shape, check_invariants=False)
         for rank_indices, rank_values in zip(indices[1:], values[1:]):
@@ -92,10 +94,11 @@ def _gather_sizes(tensor: torch.Tensor, group: Optional[Any]) -> list[tuple[int,
 
 
 def _gather_entries(
-    tensor: torch.Tensor, nnz: list[int], group: Optional[Any]
+    tensor: torch.Tensor, nnz: list[int], rank: int, group: Optional[Any]
 ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """Every rank's indices ``[sparse_dim, nnz]`` and values ``[nnz, *dense]``, exchanged in one
-    all-gather of bytes: each rank's indices then values, padded to the largest rank's."""
+    all-gather of bytes: each rank's indices then values, padded to the largest rank's
+    (``rank``: this one's place in ``group``)."""
     sparse_dim = tensor.sparse_dim()
     dense_shape = tuple(tensor.shape[sparse_dim:])
     values_dtype = tensor.values().dtype
@@ -104,7 +107,6 @@ def _gather_entries(
     # never empty: an empty exchange's rows would have no aligned offsets to view
     row = max(16, *(i + _aligned(n * value_size) for i, n in zip(index_bytes, nnz)))
     mine = torch.empty(row, dtype=torch.uint8)
-    rank = _tdist.get_rank(group)
     ends = (
         _put_bytes(mine, 0, tensor.indices()),
         _put_bytes(mine, index_bytes[rank], tensor.values()),

@@ -12,7 +12,6 @@ sparse scenarios trains in a world that never loads ferrodist (``_torch_only_wor
 from __future__ import annotations
 
 import inspect
-import os
 import pickle
 
 import pytest
@@ -36,15 +35,9 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[str]]:
     traces = torch_only_results("_ddp_torch_parity_worker", "torch_sparse_traces", WORLD)
     path = tmp_path_factory.mktemp("torch-sparse") / "traces.pickle"
     path.write_bytes(pickle.dumps(traces))
-    previous = os.environ.get(TORCH_TRACES_ENV)
-    os.environ[TORCH_TRACES_ENV] = str(path)  # the scenario world's processes inherit it
-    try:
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv(TORCH_TRACES_ENV, str(path))  # the scenario world's processes inherit it
         return scenario_results("_ddp_torch_parity_worker", list(SCENARIOS), WORLD)
-    finally:
-        if previous is None:
-            del os.environ[TORCH_TRACES_ENV]
-        else:
-            os.environ[TORCH_TRACES_ENV] = previous
 
 
 @pytest.mark.parametrize("scenario", sorted(SCENARIOS))

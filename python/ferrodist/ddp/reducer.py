@@ -29,8 +29,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence, Union
 import torch
 import torch.distributed as tdist
 
-from ferrodist import _native
-from ferrodist import _sparse_all_reduce as _sparse
+from ferrodist import _native, ops
 from ferrodist._recorded_ops import collective
 from ferrodist.ddp import _bucket_assignment, comm_hook
 from ferrodist.ddp.bucket import SMALL_NUMEL, Bucket
@@ -309,15 +308,16 @@ class Reducer(ReducerJoinSupport):
         for its view as real numbers.
         """
         group = self._process_group
-        # ferrodist's own sum for a sparse gradient on gloo (see ferrodist._sparse_all_reduce)
-        sparse = buffer.is_sparse and _sparse.handles(buffer, _SUM, group, True)
+        # A sparse gradient goes through ferrodist's all_reduce, whose sum on gloo is its own
+        # (ferrodist._sparse_all_reduce: gloo's corrupts the heap) and made in its launch.
+        sparse = buffer.is_sparse
         # Recorded once launched, while the backend runs it; on a device first, as its launch
         # may block (see ferrodist._recorded_ops), and so is the sparse sum, made in its launch.
         launch_first = buffer.is_cpu and not sparse
         ident = None if launch_first else self._record_bucket(buffer)
         try:
             if sparse:
-                work = _sparse.sparse_all_reduce(buffer, group, async_op=True)
+                work = ops._all_reduce(buffer, _SUM, group, async_op=True)
                 assert work is not None
             elif buffer.is_complex():
                 work = tdist.all_reduce(buffer, group=group, async_op=True)
