@@ -5,6 +5,8 @@ tensor (a) through torch directly, (b) through ferrodist with recording off, (c)
 (c) - (b) is what recording adds to an op. The same for an asynchronous all-reduce and its
 wait (the polled completion) and a broadcast. A control times torch's own all_reduce with a
 busy wait of a few microseconds beside it: what any work between two ops costs on this machine.
+Then the same calls with the backend replaced by a stub that returns at once (``--stub-only``
+stops there): the recorder's own Python and Rust on each path, with no machine effect in it.
 
 Part 2 (world 2, gloo): first the same per op, for a synchronous all_reduce and for a waited
 isend and irecv each way (a pipeline's exchange, point-to-point works held until they finish;
@@ -26,6 +28,7 @@ of its own, as two hosts would have: the two ranks then stop taking each other's
 2-core machine moves a latency-bound step's wall time more than anything the recorder does.
 
     ./scripts/bench benches/flight_overhead.py [--layers 200] [--width 32] [--pairs 100]
+    ./scripts/bench benches/flight_overhead.py --stub-only   # per op, world 1 and the stub rows
     ./scripts/bench benches/flight_overhead.py --skip-per-op --model transformer --layers 4 \
         --width 256 --heads 4 --batch 8 --seq 128 --bucket-mb 25
     python benches/flight_overhead.py --cuda --ops 5000   # part 1 on NCCL, with a profile
@@ -99,6 +102,90 @@ def part1(n: int, cuda: bool = False) -> None:
     _switch(True, saved)
     if cuda:
         _profile_recorded(lambda: dist.all_reduce(t), n)
+    dist.destroy_process_group()
+
+
+class _StubWork:
+    """A work that has already finished, as a gloo collective's is once run (its future done)."""
+
+    def __init__(self) -> None:
+        self._future: torch.futures.Future[Any] = torch.futures.Future()
+        self._future.set_result(None)
+
+    def wait(self, timeout: Any = None) -> bool:
+        return True
+
+    def is_completed(self) -> bool:
+        return True
+
+    def get_future(self) -> Any:
+        return self._future
+
+
+def stub_rows(n: int) -> None:
+    """What recording adds to a call when the backend costs nothing: each op's torch function
+    replaced by a stub that returns at once (a finished work when asynchronous), so no machine
+    effect (a backend thread woken, caches it took) is in the figure. The recorder's Python and
+    Rust work alone, per call, on the paths ops take: a user's synchronous and asynchronous
+    all_reduce on a CPU tensor, and an FSDP-style internal all-gather issued from a scope's frame
+    (``_call_site.scope_of``), as FSDP's forward issues it. On a GPU whose steps are bound by
+    launching ops from Python, this is what each recorded op adds to the step."""
+    import sys
+
+    from ferrodist._recorded_ops import collective
+    from ferrodist.debug._call_site import scope_of
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    saved = _recorder.recorder()
+    t = torch.ones(4)
+    done = _StubWork()
+
+    def stub_all_reduce(
+        tensor: torch.Tensor,
+        op: Any = torch.distributed.ReduceOp.SUM,
+        group: Any = None,
+        async_op: bool = False,
+    ) -> Any:
+        return done if async_op else None
+
+    def stub_all_gather(
+        output_tensor: torch.Tensor,
+        input_tensor: torch.Tensor,
+        group: Any = None,
+        async_op: bool = False,
+    ) -> Any:
+        return done if async_op else None
+
+    recorded_all_reduce = collective("all_reduce", stub_all_reduce, "tensor", "op")
+    internal_all_gather = collective(
+        "fsdp.all_gather", stub_all_gather, "input_tensor", internal=True
+    )
+    out = torch.ones(8)
+
+    def in_scope() -> None:
+        with scope_of(sys._getframe()):
+            for _ in range(10):
+                internal_all_gather(out, t, async_op=True).wait()
+
+    cases: dict[str, tuple[Callable[[], Any], int]] = {
+        "all_reduce": (lambda: recorded_all_reduce(t), 1),
+        "all_reduce async + wait": (lambda: recorded_all_reduce(t, async_op=True).wait(), 1),
+        "internal, 10 in a scope": (in_scope, 10),
+    }
+    print(f"\nper op, the backend a stub, median of 7 runs of {n} calls (microseconds)")
+    print(f"{'op':<26}{'off':>9}{'on':>9}{'on - off':>10}")
+    for name, (fn, ops) in cases.items():
+        rows: dict[str, list[float]] = {"off": [], "on": []}
+        for round_ in range(7):
+            for mode in ("off", "on") if round_ % 2 == 0 else ("on", "off"):
+                _switch(mode == "on", saved)
+                rows[mode].append(_per_op(fn, n // ops) / ops)
+        off, on = statistics.median(rows["off"]), statistics.median(rows["on"])
+        print(f"{name:<26}{off:>9.2f}{on:>9.2f}{on - off:>10.2f}")
+    _switch(True, saved)
     dist.destroy_process_group()
 
 
@@ -389,6 +476,9 @@ def main() -> None:
         "--per-op-only", action="store_true", help="the per-op figures (world 1 and 2), no steps"
     )
     parser.add_argument(
+        "--stub-only", action="store_true", help="part 1's figures, the stub rows included, only"
+    )
+    parser.add_argument(
         "--pin",
         action="store_true",
         help="each rank, with its backend's threads, on a core of its own (as on two hosts)",
@@ -402,6 +492,9 @@ def main() -> None:
         return
     if not args.skip_per_op:
         part1(args.ops)
+        stub_rows(args.ops * 5)
+    if args.stub_only:
+        return
     part2(args)
 
 

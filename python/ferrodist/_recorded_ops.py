@@ -35,6 +35,7 @@ import torch
 import torch.distributed as _tdist
 
 from ferrodist.debug import _recorder
+from ferrodist.debug._describe import describe_group
 
 __all__ = ["collective", "p2p"]
 
@@ -51,18 +52,19 @@ class _Arg:
         default = signature.parameters[name].default if name in names else None
         self.default = None if default is inspect.Parameter.empty else default
 
+    @property
+    def position(self) -> int:
+        """Its index among the positional parameters, or one no call reaches when it has none
+        (so that ``args[at] if at < len(args) else kwargs.get(...)`` reads it either way)."""
+        return self.index if self.index >= 0 else sys.maxsize
+
     def __call__(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if 0 <= self.index < len(args):
             return args[self.index]
         return kwargs.get(self.name, self.default)
 
-    def replaced(
-        self, args: tuple[Any, ...], kwargs: dict[str, Any], value: Any
-    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        """The call's arguments with this parameter set to ``value``."""
-        if 0 <= self.index < len(args):
-            return (*args[: self.index], value, *args[self.index + 1 :]), kwargs
-        return args, {**kwargs, self.name: value}
+
+_Tensor = torch.Tensor
 
 
 def _tensors_of(value: Any) -> list[torch.Tensor]:
@@ -90,6 +92,19 @@ def collective(
     tensor_arg = _Arg(sig, tensors) if tensors else None
     op_arg = _Arg(sig, reduce_op) if reduce_op else None
     state = _recorder._State
+    begin = _recorder.begin
+    with_shapes = not dtypes_only
+    # Each argument read inline (``args[at] if at < len(args) else kwargs.get(...)``) rather
+    # than through ``_Arg.__call__``: every op takes this path, and a Python call is a few per
+    # cent of what recording one costs (``benches/flight_overhead.py``, its stub rows).
+    group_at, group_default = group_arg.position, group_arg.default
+    async_at, async_default = async_arg.position, async_arg.default
+    tensor_name = tensor_arg.name if tensor_arg is not None else ""
+    tensor_at = tensor_arg.position if tensor_arg is not None else -1
+    tensor_default = tensor_arg.default if tensor_arg is not None else None
+    op_name = op_arg.name if op_arg is not None else ""
+    op_at = op_arg.position if op_arg is not None else -1
+    op_default = op_arg.default if op_arg is not None else None
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -97,8 +112,17 @@ def collective(
         if rec is None:
             return fn(*args, **kwargs)
         caller = sys._getframe(1)
-        described = _tensors_of(tensor_arg(args, kwargs)) if tensor_arg is not None else []
-        is_async = bool(async_arg(args, kwargs))
+        count = len(args)
+        if tensor_at < 0:
+            described: list[torch.Tensor] = []
+        else:
+            value = (
+                args[tensor_at] if tensor_at < count else kwargs.get(tensor_name, tensor_default)
+            )
+            described = [value] if type(value) is _Tensor else _tensors_of(value)
+        is_async = bool(
+            args[async_at] if async_at < count else kwargs.get("async_op", async_default)
+        )
         on_cpu = bool(described) and described[0].is_cpu
         if async_arg.index < 0 or (not on_cpu and (is_async or not _on_device(described))):
             # may block in its very call (see the module doc): recorded first, called as it is
@@ -107,9 +131,12 @@ def collective(
         # Launched asynchronously (a synchronous call as torch makes it: the asynchronous call,
         # then its wait); on CPU tensors recorded after the launch, on a device before it.
         ident = None if on_cpu else _begin(described, args, kwargs, caller, True)
-        launch_args, launch_kwargs = (
-            (args, kwargs) if is_async else async_arg.replaced(args, kwargs, True)
-        )
+        if is_async:
+            launch_args, launch_kwargs = args, kwargs
+        elif async_at < count:
+            launch_args, launch_kwargs = (*args[:async_at], True, *args[async_at + 1 :]), kwargs
+        else:
+            launch_args, launch_kwargs = args, {**kwargs, "async_op": True}
         try:
             work = fn(*launch_args, **launch_kwargs)
         except BaseException as e:
@@ -120,7 +147,7 @@ def collective(
         if is_async:
             _recorder.hold_until_finished(ident, work)
             return work
-        _recorder.wait_launched(ident, work, on_device=not on_cpu)
+        _recorder.wait_launched(ident, work, not on_cpu)
         return None
 
     def _begin(
@@ -130,15 +157,14 @@ def collective(
         caller: FrameType,
         started: bool,
     ) -> Optional[int]:
-        return _recorder.begin(
-            name,
-            _recorder.describe_group(group_arg(args, kwargs)),
-            described,
-            op_arg(args, kwargs) if op_arg is not None else None,
-            not dtypes_only,
-            started,
-            caller,
-            internal,
+        count = len(args)
+        group = args[group_at] if group_at < count else kwargs.get("group", group_default)
+        if op_at < 0:
+            op = None
+        else:
+            op = args[op_at] if op_at < count else kwargs.get(op_name, op_default)
+        return begin(
+            name, describe_group(group), described, op, with_shapes, started, caller, internal
         )
 
     wrapper.__signature__ = sig  # type: ignore[attr-defined]

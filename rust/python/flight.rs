@@ -10,7 +10,7 @@ use std::sync::Mutex;
 
 use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::PyDict;
+use pyo3::types::{PyDict, PyList, PyTuple};
 
 use super::errors::to_py;
 use crate::flight::{self, Dump, Entry, RankSummary, Recorder};
@@ -93,17 +93,26 @@ impl PyFlightRecorder {
         call_site: &str,
         started: bool,
     ) -> PyResult<u64> {
-        let py = tensors.py();
         let mut shapes = Vec::new();
         let mut dtypes = Vec::new();
-        for tensor in tensors.try_iter()? {
-            let tensor = tensor?;
+        let mut describe = |tensor: &Bound<'_, PyAny>| -> PyResult<()> {
             shapes.push(if with_shapes {
-                tensor.getattr(intern!(py, "shape"))?.extract()?
+                shape_of(tensor)?
             } else {
                 Vec::new()
             });
-            dtypes.push(dtype_name(&tensor.getattr(intern!(py, "dtype"))?)?);
+            dtypes.push(dtype_name(&tensor.getattr(intern!(tensor.py(), "dtype"))?)?);
+            Ok(())
+        };
+        // The wrappers pass a list; anything else iterable is read through the iterator.
+        if let Ok(list) = tensors.cast::<PyList>() {
+            for tensor in list.iter() {
+                describe(&tensor)?;
+            }
+        } else {
+            for tensor in tensors.try_iter()? {
+                describe(&tensor?)?;
+            }
         }
         let (id, _seq) = self.record(
             group,
@@ -152,6 +161,15 @@ impl PyFlightRecorder {
     /// The dump file's text for this rank now.
     fn dump_json(&self, rank: usize, world_size: usize, reason: &str) -> String {
         Dump::of(&self.0, rank, world_size, reason, flight::now_ms()).to_json()
+    }
+}
+
+/// A tensor's shape: `torch.Size` is a tuple, read item by item without the sequence protocol.
+fn shape_of(tensor: &Bound<'_, PyAny>) -> PyResult<Vec<i64>> {
+    let shape = tensor.getattr(intern!(tensor.py(), "shape"))?;
+    match shape.cast::<PyTuple>() {
+        Ok(dims) => dims.iter().map(|d| d.extract::<i64>()).collect(),
+        Err(_) => shape.extract(),
     }
 }
 

@@ -73,3 +73,27 @@ def test_a_scope_is_let_go_of_when_its_block_raises():
         raise ValueError("boom")
     assert _call_site._marks.scopes == []
     assert _call_site.call_site().startswith("test_call_site.py:")
+
+
+def test_sites_kept_by_instruction_are_the_line_of_each_call_in_a_long_function(tmp_path):
+    # A user's long function, its calls at its start, in a loop at its end and twice on one
+    # line: each site is the line of its call, the same line on every pass of the loop, as
+    # ``f_lineno`` gives it (the cache by instruction offset must never reuse another line's).
+    body = ["def main(site):", "    found = [site()]"]
+    body += [f"    x{i} = {i}" for i in range(400)]
+    body += ["    for _ in range(3):", "        found.append(site())"]
+    body += ["    found.append(site()); found.append(site())", "    return found"]
+    source = tmp_path / "long_train.py"
+    source.write_text("\n".join(body) + "\n")
+    namespace: dict = {}
+    exec(compile(source.read_text(), str(source), "exec"), namespace)
+
+    def site() -> str:
+        return _call_site.call_site(sys._getframe(1))
+
+    first = namespace["main"](site)
+    again = namespace["main"](site)  # every site now comes from the cache
+    loop_line, last_line = 2 + 400 + 2, 2 + 400 + 3
+    expected = [f"long_train.py:{line}" for line in [2] + [loop_line] * 3 + [last_line] * 2]
+    assert first == expected
+    assert again == expected

@@ -158,3 +158,18 @@ def test_bad_input_is_refused_with_a_value_error() -> None:
         _native.flight_diagnose([], 1, -1.0)
     with pytest.raises(TypeError):
         rec.record("WORLD", "all_reduce", [["x"]], ["float32"], None, "a.py:1")  # type: ignore[list-item]
+
+
+def test_reduce_op_names_are_the_ops_own_on_every_call():
+    # named once, then read back by the op object's identity: the same name every time, and
+    # never another op's
+    import torch.distributed as tdist
+
+    from ferrodist.debug._describe import reduce_op_name
+
+    kinds = ("SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR")
+    for _ in range(3):
+        for kind in kinds:
+            assert reduce_op_name(getattr(tdist.ReduceOp, kind)) == kind
+    assert reduce_op_name(tdist.ReduceOp(tdist.ReduceOp.MAX)) == "MAX"
+    assert reduce_op_name("SUM") == "SUM" and reduce_op_name(None) is None

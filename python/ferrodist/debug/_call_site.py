@@ -44,10 +44,13 @@ _ENGINE_ENTRY: Optional[CodeType] = getattr(
 
 _graph_task_id = torch._C._current_graph_task_id
 
-_user_file: dict[int, tuple[CodeType, Optional[str]]] = {}
+_user_file: dict[int, tuple[CodeType, Optional[str], dict[int, str]]] = {}
 """Per code object (by ``id``, with the object itself to tell a reused id apart): its file's
-base name, or None for ferrodist's and torch's own code. Keyed by id because hashing a code
-object hashes its constants, nested code objects included, on every lookup."""
+base name, or None for ferrodist's and torch's own code, and the sites found in it so far by
+instruction offset (``f_lasti``). Keyed by id because hashing a code object hashes its
+constants, nested code objects included, on every lookup; sites kept by offset because
+``f_lineno`` scans the code's line table from its start, 2 µs an op from a loop at the end of a
+400-line function (a training script's ``main``)."""
 
 _outermost_file: dict[int, tuple[CodeType, str]] = {}
 """Per code object of an outermost internal frame (by ``id``, as above): its file, relative to
@@ -90,7 +93,8 @@ def internal_call_site(frame: FrameType) -> str:
     task = _graph_task_id()
     if task < 0:
         if scopes:  # the walk would meet the scope's frame first: start above it
-            return _scope_site(len(scopes) - 1)
+            site = scopes[-1][1]
+            return site if site is not None else _scope_site(len(scopes) - 1)
     elif not scopes and task == marks.pass_id:
         return marks.pass_site
     return _walk(frame, len(scopes) - 1)
@@ -107,10 +111,16 @@ def _walk(frame: FrameType, scope: int) -> str:
         code = frame.f_code
         known = _user_file.get(id(code))
         if known is None or known[0] is not code:
-            known = (code, _user_name(code))
+            known = (code, _user_name(code), {})
             _user_file[id(code)] = known
         if known[1] is not None:
-            return f"{known[1]}:{frame.f_lineno}"
+            sites = known[2]
+            site = sites.get(frame.f_lasti)
+            if site is None:
+                if len(sites) > 1000:  # a huge generated function: stay bounded
+                    sites.clear()
+                site = sites[frame.f_lasti] = f"{known[1]}:{frame.f_lineno}"
+            return site
         if code is _ENGINE_ENTRY:
             return _above_engine(frame, scope)
         last = frame

@@ -28,6 +28,7 @@ __all__ = [
     "pending",
     "short",
     "sweep",
+    "sweep_before_record",
     "waited",
     "watch",
 ]
@@ -181,27 +182,50 @@ def _mark_overtaken(rec: Any) -> None:
             rec.completed(ident)
 
 
+def sweep_before_record(rec: Any) -> None:
+    """The sweep every recorded op makes first: of the in-flight works, those that have
+    finished, stopping at the first one still running (ops finish mostly in order, so this costs
+    O(1) amortized); of the unobservable works, only those a later completed op has overtaken
+    (of point-to-point ones, those that say they have finished). Nothing held: two checks.
+
+    On the path of every op, so the usual case (the previous op's work, finished) is written
+    out here rather than through ``_finished`` and ``_mark``: each Python call saved is a few
+    per cent of what recording an op costs."""
+    if _unobservable:
+        _mark_overtaken(rec)
+    if _p2p_unobservable:
+        _poll_p2p(rec)
+    while _in_flight:
+        try:
+            ident = next(iter(_in_flight))
+            work = _in_flight[ident]
+        except (StopIteration, KeyError, RuntimeError):  # another thread swept meanwhile
+            return
+        try:
+            finished = work.is_completed()
+        except RuntimeError:
+            finished = True
+        if not finished:
+            if _set_aside(ident, work):
+                continue
+            return
+        if _in_flight.pop(ident, None) is None:
+            continue  # another thread marked it
+        error = _work_error(work, _observable.pop(ident, None) if _observable else None)
+        if error is not None:
+            _p2p.pop(ident, None)
+            rec.failed(ident, error)
+        elif _p2p:
+            _finished_with(rec, ident, work)
+        else:
+            completed(rec, ident)
+
+
 def sweep(rec: Any, everything: bool = True) -> None:
-    """Mark the in-flight works that have finished; with ``everything`` False stop at the first
-    one still running (ops finish mostly in order, so a per-op sweep costs O(1) amortized), and
-    of the unobservable works only those a later completed op has overtaken (of point-to-point
-    ones, those that say they have finished)."""
+    """Mark the in-flight works that have finished (``everything`` False: as
+    ``sweep_before_record``)."""
     if not everything:
-        if _unobservable:
-            _mark_overtaken(rec)
-        if _p2p_unobservable:
-            _poll_p2p(rec)
-        while _in_flight:
-            try:
-                ident = next(iter(_in_flight))
-                work = _in_flight[ident]
-            except (StopIteration, KeyError, RuntimeError):  # another thread swept meanwhile
-                return
-            if not _finished(work):
-                if _set_aside(ident, work):
-                    continue
-                return
-            _mark(rec, ident, work)
+        sweep_before_record(rec)
         return
     if _unobservable or _p2p_unobservable:
         _sweep_unobservable(rec)
