@@ -10,7 +10,7 @@ use std::sync::Mutex;
 
 use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList, PyTuple};
+use pyo3::types::{PyDict, PyTuple};
 
 use super::errors::to_py;
 use crate::flight::{self, Dump, Entry, RankSummary, Recorder};
@@ -95,24 +95,14 @@ impl PyFlightRecorder {
     ) -> PyResult<u64> {
         let mut shapes = Vec::new();
         let mut dtypes = Vec::new();
-        let mut describe = |tensor: &Bound<'_, PyAny>| -> PyResult<()> {
+        for tensor in tensors.try_iter()? {
+            let tensor = tensor?;
             shapes.push(if with_shapes {
-                shape_of(tensor)?
+                shape_of(&tensor)?
             } else {
                 Vec::new()
             });
             dtypes.push(dtype_name(&tensor.getattr(intern!(tensor.py(), "dtype"))?)?);
-            Ok(())
-        };
-        // The wrappers pass a list; anything else iterable is read through the iterator.
-        if let Ok(list) = tensors.cast::<PyList>() {
-            for tensor in list.iter() {
-                describe(&tensor)?;
-            }
-        } else {
-            for tensor in tensors.try_iter()? {
-                describe(&tensor?)?;
-            }
         }
         let (id, _seq) = self.record(
             group,

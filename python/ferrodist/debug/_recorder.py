@@ -269,7 +269,7 @@ def hold_until_finished(
     rec = _State.recorder
     if rec is None or ident is None:
         return
-    if work is None or type(work) is _PLACEHOLDER_WORK:  # queued_only, on every op's path
+    if queued_only(work):
         _inflight.completed(rec, ident)
     elif p2p:
         _inflight.hold_p2p(ident, work, on_finished, asks_future=not on_cpu)
@@ -283,7 +283,7 @@ def wait_launched(ident: Optional[int], work: Any, on_device: bool) -> None:
     op, which NCCL has merely enqueued, so it is marked completed once the device has run it:
     an op stuck on the GPU stays pending to the watchdog and in dumps."""
     try:
-        if work is not None and type(work) is not _PLACEHOLDER_WORK:  # not queued_only(work)
+        if not queued_only(work):
             work.wait()
     except BaseException as e:
         fail(ident, e)
