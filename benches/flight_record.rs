@@ -1,14 +1,17 @@
 //! The flight recorder's cost per op (criterion): one `record` plus one `completed` on a full
 //! ring, which is what every collective pays with the recorder on (the default). The budget is
 //! DDP/FSDP step time within 1 %, so this figure must stay far below a collective's latency
-//! (tens of microseconds on gloo).
+//! (tens of microseconds on gloo). The per-op path (`record_op`) describes an op by parts
+//! shared with the job's other ops; `record` (owned strings and vectors) is the same ring with
+//! each part allocated, and dropped when the ring overwrites its op.
 //!
 //! Run: `cargo bench --bench flight_record` (add `-- --quick` for a short run).
 
 use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use ferrodist::flight::Recorder;
+use ferrodist::flight::{OpDescription, Recorder, TensorMeta};
+use std::sync::Arc;
 
 fn record_completed(c: &mut Criterion) {
     let recorder = Recorder::new(2048);
@@ -27,6 +30,23 @@ fn record_completed(c: &mut Criterion) {
                 Some("SUM".to_string()),
                 "train.py:88".to_string(),
             );
+            recorder.completed(black_box(id));
+            seq
+        })
+    });
+    let shared = OpDescription {
+        group: "WORLD".into(),
+        op: "all_reduce".into(),
+        tensors: Arc::new(TensorMeta {
+            shapes: vec![vec![1024, 1024]],
+            dtypes: vec!["float32".into()],
+        }),
+        reduce_op: Some("SUM".into()),
+        call_site: "train.py:88".into(),
+    };
+    c.bench_function("record_op + completed (all_reduce, shared parts)", |b| {
+        b.iter(|| {
+            let (id, seq) = recorder.record_op(black_box(&shared).clone());
             recorder.completed(black_box(id));
             seq
         })

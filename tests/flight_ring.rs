@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use ferrodist::flight::{now_ms, OpState, RankSummary, Recorder};
+use ferrodist::flight::{now_ms, Dump, OpDescription, OpState, RankSummary, Recorder, TensorMeta};
 use proptest::prelude::*;
 
 fn rec(r: &Recorder, group: &str, op: &str) -> (u64, u64) {
@@ -167,6 +167,71 @@ fn summary_json_of_another_version_is_refused() {
     let err = RankSummary::from_json(&text).unwrap_err();
     assert!(matches!(err, ferrodist::Error::InvalidArgument(_)), "{err}");
     assert!(err.to_string().contains("version 2"), "{err}");
+}
+
+#[test]
+fn ops_described_by_shared_parts_read_back_as_their_own() {
+    let r = Recorder::new(4);
+    let world: Arc<str> = "WORLD".into();
+    let shapes = Arc::new(TensorMeta {
+        shapes: vec![vec![32, 32]],
+        dtypes: vec!["float32".into()],
+    });
+    let shared = |op: &str, site: &str| OpDescription {
+        group: Arc::clone(&world),
+        op: op.into(),
+        tensors: Arc::clone(&shapes),
+        reduce_op: None,
+        call_site: site.into(),
+    };
+    let (a, _) = r.record_op(shared("all_gather", "a.py:2"));
+    let (b, seq) = r.record_op(shared("all_gather", "a.py:2"));
+    assert_eq!(seq, 2);
+    // Moving one op takes it off the parts it shared; the op beside it keeps them.
+    assert_eq!(r.moved(a, "WORLD:p2p:0->1", "p2p 0->1"), 1);
+    r.completed(b);
+    let owned = r.record(
+        "WORLD",
+        "all_gather".into(),
+        vec![vec![32, 32]],
+        vec!["float32".into()],
+        None,
+        "a.py:2".into(),
+    );
+    assert_eq!(owned, (3, 3));
+    let e = r.entries();
+    assert_eq!(
+        (e[0].group.as_str(), e[0].op.as_str()),
+        ("WORLD:p2p:0->1", "p2p 0->1")
+    );
+    assert_eq!(
+        (e[1].group.as_str(), e[1].op.as_str()),
+        ("WORLD", "all_gather")
+    );
+    assert_eq!((&e[1].shapes, &e[1].dtypes), (&e[2].shapes, &e[2].dtypes));
+    assert_eq!(e[1].call_site, e[2].call_site);
+    // Dropping the shared ops out of the ring leaves the parts to the ops still holding them.
+    for _ in 0..4 {
+        r.record_op(shared("all_gather", "a.py:3"));
+    }
+    assert!(r.entries().iter().all(|e| e.shapes == vec![vec![32, 32]]));
+}
+
+#[test]
+fn the_rings_summary_is_the_one_its_dump_gives() {
+    let r = Recorder::new(100);
+    for i in 0..150u64 {
+        let (id, _) = rec(&r, if i % 3 == 0 { "pg1" } else { "WORLD" }, "all_reduce");
+        if i % 11 != 0 {
+            r.completed(id);
+        }
+    }
+    let live = r.summary(2, 99);
+    let dumped = RankSummary::from_dump(&Dump::of(&r, 2, 4, "manual", 99));
+    assert_eq!(live.pending, dumped.pending);
+    assert_eq!(live.recent, dumped.recent);
+    assert_eq!(live.pending.len(), 8);
+    assert_eq!(live.recent.len(), 64);
 }
 
 #[derive(Clone, Debug)]

@@ -4,6 +4,7 @@
 //! Kept apart from the ring so that summaries, dumps and the diagnosis share one type, and the
 //! JSON a rank publishes is the JSON another rank (or the doctor) reads back.
 
+use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
@@ -70,6 +71,57 @@ pub struct Entry {
     pub completed_at_ms: Option<u64>,
     /// Why it failed.
     pub error: Option<String>,
+}
+
+/// What an op is (everything but its id, number and progress), in parts shared by reference.
+///
+/// A job issues the same few ops over and over: its groups, op names, call sites and tensor
+/// shapes repeat every step. The ring keeps each op's description as shared references to
+/// them, so recording an op copies no string and allocates nothing once its parts have been
+/// seen, and dropping the oldest op frees nothing; an owned [`Entry`] is made only when the
+/// ring is read (a summary, a dump), which is rare.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OpDescription {
+    /// The process group's name.
+    pub group: Arc<str>,
+    /// The op.
+    pub op: Arc<str>,
+    /// Its tensors' shapes and dtypes.
+    pub tensors: Arc<TensorMeta>,
+    /// The reduce op, for reductions.
+    pub reduce_op: Option<Arc<str>>,
+    /// Where the user called it.
+    pub call_site: Arc<str>,
+}
+
+/// The shape and dtype of each tensor argument of an op.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct TensorMeta {
+    /// The shape of each tensor argument.
+    pub shapes: Vec<Vec<i64>>,
+    /// The dtype of each tensor argument (`float32`, ...).
+    pub dtypes: Vec<String>,
+}
+
+impl OpDescription {
+    /// A description from owned parts (each its own allocation: for callers that record
+    /// rarely; the per-op path shares its parts between ops).
+    pub fn new(
+        group: &str,
+        op: &str,
+        shapes: Vec<Vec<i64>>,
+        dtypes: Vec<String>,
+        reduce_op: Option<&str>,
+        call_site: &str,
+    ) -> Self {
+        OpDescription {
+            group: group.into(),
+            op: op.into(),
+            tensors: Arc::new(TensorMeta { shapes, dtypes }),
+            reduce_op: reduce_op.map(Arc::from),
+            call_site: call_site.into(),
+        }
+    }
 }
 
 /// Now as unix milliseconds (0 if the clock is before 1970).

@@ -26,7 +26,7 @@ pub mod text;
 
 pub use diagnose::{diagnose, Behind, BehindRank, Desync, DesyncVariant, Gone, Report};
 pub use dump::Dump;
-pub use entry::{is_p2p, now_ms, Entry, OpState};
+pub use entry::{is_p2p, now_ms, Entry, OpDescription, OpState, TensorMeta};
 pub use live::LiveView;
 pub use ring::Recorder;
 pub use summary::{RankSummary, Signature};

@@ -119,7 +119,7 @@ fn hostname() -> &'static str {
     })
 }
 
-/// Builds a summary from entries oldest first (the ring, or a dump's entries).
+/// Builds a summary from entries oldest first (a dump's entries).
 pub(crate) fn build<'a, I>(
     rank: usize,
     heartbeat_ms: u64,
@@ -141,6 +141,28 @@ where
         .collect();
     let mut recent: Vec<Signature> = entries.rev().take(RECENT).map(Signature::of).collect();
     recent.reverse();
+    assemble(
+        rank,
+        heartbeat_ms,
+        origin,
+        pending,
+        recent,
+        last_completed,
+        last_seq,
+    )
+}
+
+/// A summary from its parts: `pending` (at most [`MAX_PENDING`]) and `recent` (at most
+/// [`RECENT`]), each oldest first.
+pub(crate) fn assemble(
+    rank: usize,
+    heartbeat_ms: u64,
+    origin: Origin,
+    pending: Vec<Entry>,
+    recent: Vec<Signature>,
+    last_completed: Option<Entry>,
+    last_seq: BTreeMap<String, u64>,
+) -> RankSummary {
     RankSummary {
         version: SUMMARY_VERSION,
         rank,

@@ -3,17 +3,22 @@
 //!
 //! `record_tensors` and `completed` run on every collective, so they take the GIL-held fast
 //! path: the core's critical section is one push under a mutex nobody holds while waiting on
-//! anything, cheaper than releasing and re-taking the GIL. Summaries, reports and dumps cross as
-//! JSON strings, the form they are published in, stored in and read from files.
+//! anything, cheaper than releasing and re-taking the GIL. `record_tensors` converts an op's
+//! strings and tensor metadata once per distinct value ([`SharedParts`]), so that recording
+//! the ops of a job's steps copies and allocates nothing. Summaries, reports and dumps cross
+//! as JSON strings, the form they are published in, stored in and read from files.
 
-use std::sync::Mutex;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
 
+use foldhash::fast::RandomState;
 use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyTuple};
+use pyo3::types::{PyDict, PyString, PyTuple};
+use smallvec::SmallVec;
 
 use super::errors::to_py;
-use crate::flight::{self, Dump, Entry, RankSummary, Recorder};
+use crate::flight::{self, Dump, Entry, OpDescription, RankSummary, Recorder, TensorMeta};
 use crate::Error;
 
 /// The process's ring of recent collective and point-to-point ops.
@@ -21,7 +26,55 @@ use crate::Error;
 /// Args:
 ///     capacity (int): how many ops it keeps (0 keeps none but still numbers them).
 #[pyclass(name = "FlightRecorder", module = "ferrodist._native", frozen)]
-pub struct PyFlightRecorder(Recorder);
+pub struct PyFlightRecorder {
+    ring: Recorder,
+    parts: Mutex<SharedParts>,
+}
+
+/// The Rust form of the Python values that recorded ops share: the strings a caller passes
+/// (group, op, call site, reduce op: each the same object op after op, from the caller's
+/// caches), the dtypes, and each distinct set of tensor shapes and dtypes.
+///
+/// Strings and dtypes are found by identity, each kept alive by its entry (so that its address
+/// cannot be another object's while it is here). Each table is bounded: when full it starts
+/// afresh (the ring keeps what its ops share), so a job whose shapes never repeat pays one
+/// conversion an op, as it did before, and holds no more than the bound.
+#[derive(Default)]
+struct SharedParts {
+    strings: HashMap<usize, (Py<PyString>, Arc<str>), RandomState>,
+    dtypes: Vec<(Py<PyAny>, String)>,
+    tensors: HashMap<Box<[i64]>, Arc<TensorMeta>, RandomState>,
+}
+
+const STRINGS_KEPT: usize = 4096;
+const DTYPES_KEPT: usize = 32;
+const TENSOR_SETS_KEPT: usize = 4096;
+
+/// Dimensions read from an op's tensors before its description is made; most ops have a few
+/// tensors of a few dimensions, which fit without allocating.
+type Dims = SmallVec<[i64; 32]>;
+
+impl SharedParts {
+    /// `text` as a shared string.
+    fn string(&mut self, text: &Bound<'_, PyString>) -> PyResult<Arc<str>> {
+        let key = text.as_ptr() as usize;
+        if let Some((_, shared)) = self.strings.get(&key) {
+            return Ok(Arc::clone(shared));
+        }
+        let shared: Arc<str> = text.to_cow()?.into();
+        if self.strings.len() >= STRINGS_KEPT {
+            self.strings.clear();
+        }
+        self.strings
+            .insert(key, (text.clone().unbind(), Arc::clone(&shared)));
+        Ok(shared)
+    }
+
+    /// Where `dtype` is in `dtypes`, if it is.
+    fn dtype_index(&self, dtype: &Bound<'_, PyAny>) -> Option<usize> {
+        self.dtypes.iter().position(|(seen, _)| seen.is(dtype))
+    }
+}
 
 fn entry_dict<'py>(py: Python<'py>, e: &Entry) -> PyResult<Bound<'py, PyDict>> {
     let d = PyDict::new(py);
@@ -45,13 +98,16 @@ fn entry_dict<'py>(py: Python<'py>, e: &Entry) -> PyResult<Bound<'py, PyDict>> {
 impl PyFlightRecorder {
     #[new]
     fn new(capacity: usize) -> Self {
-        PyFlightRecorder(Recorder::new(capacity))
+        PyFlightRecorder {
+            ring: Recorder::new(capacity),
+            parts: Mutex::default(),
+        }
     }
 
     /// How many ops it keeps.
     #[getter]
     fn capacity(&self) -> usize {
-        self.0.capacity()
+        self.ring.capacity()
     }
 
     /// Records an op as issued now (`started`: and started, one call where there would be two
@@ -69,10 +125,10 @@ impl PyFlightRecorder {
         started: bool,
     ) -> (u64, u64) {
         let (id, seq) = self
-            .0
+            .ring
             .record(group, op, shapes, dtypes, reduce_op, call_site);
         if started {
-            self.0.started(id);
+            self.ring.started(id);
         }
         (id, seq)
     }
@@ -85,103 +141,183 @@ impl PyFlightRecorder {
     #[allow(clippy::too_many_arguments)]
     fn record_tensors(
         &self,
-        group: &str,
-        op: &str,
+        group: &Bound<'_, PyString>,
+        op: &Bound<'_, PyString>,
         tensors: &Bound<'_, PyAny>,
-        reduce_op: Option<&str>,
+        reduce_op: Option<&Bound<'_, PyString>>,
         with_shapes: bool,
-        call_site: &str,
+        call_site: &Bound<'_, PyString>,
         started: bool,
     ) -> PyResult<u64> {
-        let mut shapes = Vec::new();
-        let mut dtypes = Vec::new();
+        // Read from Python first (attribute reads may run Python code), then convert under the
+        // lock: per tensor its dtype's index, its rank and its dimensions, one flat key.
+        let py = tensors.py();
+        let mut key = Dims::new();
+        let mut dtypes: SmallVec<[Bound<'_, PyAny>; 4]> = SmallVec::new();
         for tensor in tensors.try_iter()? {
             let tensor = tensor?;
-            shapes.push(if with_shapes {
-                shape_of(&tensor)?
+            dtypes.push(tensor.getattr(intern!(py, "dtype"))?);
+            key.push(0); // the dtype's index, filled in below
+            if with_shapes {
+                let at = key.len();
+                key.push(0);
+                push_shape(&tensor, &mut key)?;
+                key[at] = (key.len() - at - 1) as i64;
             } else {
-                Vec::new()
-            });
-            dtypes.push(dtype_name(&tensor.getattr(intern!(tensor.py(), "dtype"))?)?);
+                key.push(0);
+            }
         }
-        let (id, _seq) = self.record(
-            group,
-            op.to_owned(),
-            shapes,
-            dtypes,
-            reduce_op.map(str::to_owned),
-            call_site.to_owned(),
-            started,
-        );
+        self.name_dtypes(&dtypes)?;
+        let what = {
+            let mut parts = self.parts();
+            let mut at = 0;
+            let mut known = true;
+            for dtype in &dtypes {
+                match parts.dtype_index(dtype) {
+                    Some(index) => key[at] = index as i64,
+                    None => known = false, // a table full of other dtypes: not shared
+                }
+                at += 2 + key[at + 1] as usize;
+            }
+            let tensors = match parts.tensors.get(&key[..]) {
+                Some(shared) if known => Arc::clone(shared),
+                _ => {
+                    let meta = Arc::new(tensor_meta(&key, &dtypes, &parts)?);
+                    if known {
+                        if parts.tensors.len() >= TENSOR_SETS_KEPT {
+                            parts.tensors.clear();
+                        }
+                        parts
+                            .tensors
+                            .insert(key.as_slice().into(), Arc::clone(&meta));
+                    }
+                    meta
+                }
+            };
+            OpDescription {
+                group: parts.string(group)?,
+                op: parts.string(op)?,
+                tensors,
+                reduce_op: reduce_op.map(|r| parts.string(r)).transpose()?,
+                call_site: parts.string(call_site)?,
+            }
+        };
+        let (id, _seq) = self.ring.record_op(what);
+        if started {
+            self.ring.started(id);
+        }
         Ok(id)
     }
 
     /// The backend started op `id` (unknown ids are ignored).
     fn started(&self, id: u64) {
-        self.0.started(id)
+        self.ring.started(id)
     }
 
     /// Op `id` finished successfully (unknown ids are ignored).
     fn completed(&self, id: u64) {
-        self.0.completed(id)
+        self.ring.completed(id)
     }
 
     /// Op `id`, issued on a stand-in group (a receive from any source), turned out to be on
     /// `group` as `op`: it moves there with that group's next sequence number, which it
     /// returns (taken even when the ring no longer holds the op).
     fn moved(&self, id: u64, group: &str, op: &str) -> u64 {
-        self.0.moved(id, group, op)
+        self.ring.moved(id, group, op)
     }
 
     /// Op `id` failed because of `why` (unknown ids are ignored).
     fn failed(&self, id: u64, why: &str) {
-        self.0.failed(id, why)
+        self.ring.failed(id, why)
     }
 
     /// The ring, oldest first, one dict per op.
     fn entries<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyDict>>> {
-        self.0.entries().iter().map(|e| entry_dict(py, e)).collect()
+        self.ring
+            .entries()
+            .iter()
+            .map(|e| entry_dict(py, e))
+            .collect()
     }
 
     /// This rank's summary as JSON, with now as its heartbeat.
     fn summary_json(&self, rank: usize) -> String {
-        self.0.summary(rank, flight::now_ms()).to_json()
+        self.ring.summary(rank, flight::now_ms()).to_json()
     }
 
     /// The dump file's text for this rank now.
     fn dump_json(&self, rank: usize, world_size: usize, reason: &str) -> String {
-        Dump::of(&self.0, rank, world_size, reason, flight::now_ms()).to_json()
+        Dump::of(&self.ring, rank, world_size, reason, flight::now_ms()).to_json()
     }
 }
 
-/// A tensor's shape: `torch.Size` is a tuple, read item by item without the sequence protocol.
-fn shape_of(tensor: &Bound<'_, PyAny>) -> PyResult<Vec<i64>> {
+impl PyFlightRecorder {
+    fn parts(&self) -> MutexGuard<'_, SharedParts> {
+        // Each step under the lock is one insert or clear: a panic leaves usable tables.
+        self.parts.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Names each of `dtypes` not named yet (`str(dtype)` without its `torch.` prefix:
+    /// `float32`, as the Python side names dtypes), while the table has room. Python runs
+    /// outside the lock: it may switch threads, and another may then name a dtype.
+    fn name_dtypes(&self, dtypes: &[Bound<'_, PyAny>]) -> PyResult<()> {
+        for dtype in dtypes {
+            {
+                let parts = self.parts();
+                if parts.dtypes.len() >= DTYPES_KEPT || parts.dtype_index(dtype).is_some() {
+                    continue;
+                }
+            }
+            let name = dtype_text(dtype)?;
+            let mut parts = self.parts();
+            if parts.dtypes.len() < DTYPES_KEPT && parts.dtype_index(dtype).is_none() {
+                parts.dtypes.push((dtype.clone().unbind(), name));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Appends a tensor's dimensions: `torch.Size` is a tuple, read item by item without the
+/// sequence protocol.
+fn push_shape(tensor: &Bound<'_, PyAny>, out: &mut Dims) -> PyResult<()> {
     let shape = tensor.getattr(intern!(tensor.py(), "shape"))?;
     match shape.cast::<PyTuple>() {
-        Ok(dims) => dims.iter().map(|d| d.extract::<i64>()).collect(),
-        Err(_) => shape.extract(),
+        Ok(dims) => {
+            for d in dims.iter() {
+                out.push(d.extract::<i64>()?);
+            }
+        }
+        Err(_) => out.extend(shape.extract::<Vec<i64>>()?),
     }
+    Ok(())
 }
 
-/// The dtypes named so far, each kept alive by its entry (so that its address cannot be
-/// another object's while it is here); a few, since a process uses a few dtypes.
-static DTYPE_NAMES: Mutex<Vec<(Py<PyAny>, String)>> = Mutex::new(Vec::new());
-const DTYPE_NAMES_KEPT: usize = 32;
+/// The metadata that `key` (per tensor: dtype index, rank, dimensions) describes; a dtype the
+/// table does not hold is named from its object.
+fn tensor_meta(
+    key: &[i64],
+    dtypes: &[Bound<'_, PyAny>],
+    parts: &SharedParts,
+) -> PyResult<TensorMeta> {
+    let mut meta = TensorMeta::default();
+    let mut at = 0;
+    for dtype in dtypes {
+        let rank = key[at + 1] as usize;
+        meta.shapes.push(key[at + 2..at + 2 + rank].to_vec());
+        meta.dtypes.push(match parts.dtype_index(dtype) {
+            Some(index) => parts.dtypes[index].1.clone(),
+            None => dtype_text(dtype)?,
+        });
+        at += 2 + rank;
+    }
+    Ok(meta)
+}
 
-/// `str(dtype)` without its `torch.` prefix (`float32`), as the Python side names dtypes.
-fn dtype_name(dtype: &Bound<'_, PyAny>) -> PyResult<String> {
-    let names = || DTYPE_NAMES.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some((_, name)) = names().iter().find(|(seen, _)| seen.is(dtype)) {
-        return Ok(name.clone());
-    }
-    // Python runs outside the lock: it may switch threads, and another may then name a dtype.
+/// `str(dtype)` without its `torch.` prefix.
+fn dtype_text(dtype: &Bound<'_, PyAny>) -> PyResult<String> {
     let text = dtype.str()?.to_string();
-    let name = text.strip_prefix("torch.").unwrap_or(&text).to_owned();
-    let mut names = names();
-    if names.len() < DTYPE_NAMES_KEPT && !names.iter().any(|(seen, _)| seen.is(dtype)) {
-        names.push((dtype.clone().unbind(), name.clone()));
-    }
-    Ok(name)
+    Ok(text.strip_prefix("torch.").unwrap_or(&text).to_owned())
 }
 
 /// Diagnoses a job from its ranks' summaries (JSON); returns `(text, json)` of the report.

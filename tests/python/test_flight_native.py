@@ -74,6 +74,58 @@ def test_record_tensors_refuses_what_is_not_tensors() -> None:
     assert rec.entries() == []  # nothing half-recorded
 
 
+class _FakeTensor:
+    """What ``record_tensors`` reads of a tensor: a shape and a dtype object."""
+
+    def __init__(self, shape: tuple[int, ...], dtype: object) -> None:
+        self.shape = shape
+        self.dtype = dtype
+
+
+class _FakeDtype:
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __str__(self) -> str:
+        return f"torch.{self.name}"
+
+
+def test_record_tensors_keeps_each_ops_own_shapes_where_descriptions_are_shared() -> None:
+    torch = pytest.importorskip("torch")
+    rec = _native.FlightRecorder(64)
+    cases = [
+        ([torch.ones(2, 3)], True, [[2, 3]], ["float32"]),
+        ([torch.ones(3, 2)], True, [[3, 2]], ["float32"]),
+        ([torch.ones(6)], True, [[6]], ["float32"]),
+        ([torch.ones(6, 1)], True, [[6, 1]], ["float32"]),
+        ([torch.ones(2, 3, dtype=torch.float64)], True, [[2, 3]], ["float64"]),
+        ([torch.ones(2), torch.ones(3)], True, [[2], [3]], ["float32", "float32"]),
+        ([torch.ones(2, 3)], False, [[]], ["float32"]),
+        ([torch.ones(())], True, [[]], ["float32"]),
+        ([torch.ones(2, dtype=torch.int8), torch.ones(2)], True, [[2], [2]], ["int8", "float32"]),
+    ]
+    for _ in range(3):  # the first round makes each description, the others share it
+        for tensors, with_shapes, _, _ in cases:
+            rec.record_tensors("WORLD", "all_reduce", tensors, None, with_shapes, "a.py:1", False)
+    for entry, (_, _, shapes, dtypes) in zip(rec.entries(), cases * 3):
+        assert (entry["shapes"], entry["dtypes"]) == (shapes, dtypes)
+
+
+def test_record_tensors_names_what_outgrows_its_shared_tables() -> None:
+    # Past each table's bound (4,096 strings and tensor sets, 32 dtypes) ops are still named
+    # by their own values, and strings freed and made again (their addresses reused) too.
+    rec = _native.FlightRecorder(5000)
+    dtypes = [_FakeDtype(f"fake{i}") for i in range(40)]
+    for i in range(5000):
+        group = "".join(("pg", str(i)))  # a new object each time, freed after the call
+        tensors = [_FakeTensor((i, 2), dtypes[i % 40])]
+        rec.record_tensors(group, f"op{i % 7}", tensors, None, True, f"s.py:{i}", False)
+    for i, entry in enumerate(rec.entries()):
+        assert entry["group"] == f"pg{i}" and entry["op"] == f"op{i % 7}"
+        assert entry["shapes"] == [[i, 2]] and entry["dtypes"] == [f"fake{i % 40}"]
+        assert entry["call_site"] == f"s.py:{i}"
+
+
 def test_records_from_many_threads_get_unique_ids() -> None:
     rec = _native.FlightRecorder(10_000)
 
