@@ -26,9 +26,12 @@ recorder's own work per step (its calls timed alone x ops per step). The watchdo
 throughout, as it does in a job. ``--pin`` puts each rank, with its backend's threads, on a core
 of its own, as two hosts would have: the two ranks then stop taking each other's core, which on a
 2-core machine moves a latency-bound step's wall time more than anything the recorder does.
+``--runs K`` repeats the steps in K fresh pairs of processes and prints the mean of the runs'
+CPU ratios: a run's ratio moves with its processes' memory layout by more than its interval.
 
     ./scripts/bench benches/flight_overhead.py [--layers 200] [--width 32] [--pairs 100]
     ./scripts/bench benches/flight_overhead.py --stub-only   # per op, world 1 and the stub rows
+    ./scripts/bench benches/flight_overhead.py --pin --runs 8 --pairs 20   # steps, over 8 runs
     ./scripts/bench benches/flight_overhead.py --skip-per-op --model transformer --layers 4 \
         --width 256 --heads 4 --batch 8 --seq 128 --bucket-mb 25
     python benches/flight_overhead.py --cuda --ops 5000   # part 1 on NCCL, with a profile
@@ -403,7 +406,8 @@ def _worker(rank: int, port: int, args: argparse.Namespace, out: Any) -> None:
     dist.destroy_process_group()
 
 
-def part2(args: argparse.Namespace) -> None:
+def _run_workers(args: argparse.Namespace) -> tuple[Any, Any, Any, float]:
+    """One run of part 2 in two fresh processes: (pairs, ops a step, per op, own work)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -412,9 +416,22 @@ def part2(args: argparse.Namespace) -> None:
     procs = [ctx.Process(target=_worker, args=(r, port, args, out)) for r in range(2)]
     for p in procs:
         p.start()
-    pairs, ops, per_op, work = out.get(timeout=3600)
+    result = out.get(timeout=3600)
     for p in procs:
         p.join(120)
+    return result
+
+
+def _cpu_ratio(pairs: list[tuple[float, float, float, float]]) -> float:
+    """The median of a run's on / off ratios of the stepping thread's CPU time."""
+    return statistics.median(p[2] / p[3] for p in pairs)
+
+
+def part2(args: argparse.Namespace) -> None:
+    if args.runs > 1:
+        _part2_runs(args)
+        return
+    pairs, ops, per_op, work = _run_workers(args)
     if per_op:
         print(
             "\nper op, world 2, gloo, 1,024 floats (a synchronous all_reduce; an isend and an "
@@ -459,6 +476,47 @@ def part2(args: argparse.Namespace) -> None:
     )
 
 
+def _part2_runs(args: argparse.Namespace) -> None:
+    """``--runs K``: part 2's steps in K runs, each in fresh processes. Each process lays out
+    its memory anew (addresses, heap, the interpreter's objects), and on this small machine a
+    run's on / off ratio moves by about 2 % with it, more than one run's interval says; the
+    mean over runs of each run's median ratio is the estimate, with a t interval over runs."""
+    args = argparse.Namespace(**{**vars(args), "skip_per_op": True})
+    ratios: dict[str, list[float]] = {"ddp": [], "fsdp": []}
+    ops: dict[str, int] = {}
+    for run in range(args.runs):
+        pairs, ops, _, _ = _run_workers(args)
+        for name in ratios:
+            ratios[name].append(_cpu_ratio(pairs[name]))
+        print(
+            f"run {run + 1}: stepping thread's CPU on / off, "
+            + ", ".join(f"{name} {values[-1]:.4f}" for name, values in ratios.items()),
+            flush=True,
+        )
+    print(
+        f"\nstep time, world 2, gloo, {_describe_model(args)}: {args.runs} runs of "
+        f"{args.pairs} pairs" + (", each rank pinned to a core" if args.pin else "")
+    )
+    print(f"{'model':<6}{'ops/step':>9}{'mean on / off':>15}{'95 % interval':>17}{'runs':>29}")
+    for name, values in ratios.items():
+        mean = statistics.fmean(values)
+        t = _T95[min(len(values) - 1, len(_T95)) - 1]
+        half = t * statistics.stdev(values) / len(values) ** 0.5
+        spread = f"{min(values):.4f}-{max(values):.4f}"
+        print(
+            f"{name:<6}{ops[name]:>9}{mean:>15.4f}"
+            f"{f'{mean - half:.4f}-{mean + half:.4f}':>17}{spread:>29}"
+        )
+    print(
+        "mean on / off: the mean over runs of each run's median ratio of the stepping thread's "
+        "CPU time; 95 % interval: Student's t over runs; runs: the lowest and highest run"
+    )
+
+
+# Student's t, 97.5th percentile, for 1 to 12 degrees of freedom (then 12's, a little wide).
+_T95 = (12.71, 4.30, 3.18, 2.78, 2.57, 2.45, 2.36, 2.31, 2.26, 2.23, 2.20, 2.18)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ops", type=int, default=20000)
@@ -470,6 +528,9 @@ def main() -> None:
     parser.add_argument("--seq", type=int, default=128, help="tokens a sequence (transformer)")
     parser.add_argument("--bucket-mb", type=float, default=0.05)
     parser.add_argument("--pairs", type=int, default=100, help="pairs of steps per model")
+    parser.add_argument(
+        "--runs", type=int, default=1, help="part 2's steps in this many runs, fresh processes each"
+    )
     parser.add_argument("--warmup", type=int, default=3, help="steps before the pairs")
     parser.add_argument("--skip-per-op", action="store_true")
     parser.add_argument(
