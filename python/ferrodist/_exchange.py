@@ -29,6 +29,8 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as _c10d
 
+from ferrodist.debug._inflight import futureless
+
 __all__ = ["ExchangeWork", "all_gather", "broadcast_each", "chosen_for", "reduce_scatter_rows"]
 
 _TAG_BASE = 0x4000_0000
@@ -66,6 +68,7 @@ def chosen_for(group: Any, tensor: torch.Tensor) -> bool:
     return size == 2
 
 
+@futureless
 class ExchangeWork:
     """The receives and sends of one exchange, as one work: ``wait`` waits for all of them."""
 

@@ -62,6 +62,37 @@ def test_the_per_op_sweep_asks_an_unobservable_work_once_then_never_again(rec: A
     assert _state(rec, held) == "started"
 
 
+@_inflight.futureless
+class _FuturelessWork(_UnobservableWork):
+    """A work of a class declared without a future: asking for one fails the test."""
+
+    def get_future(self) -> Any:
+        raise AssertionError("a futureless work was asked for its future")
+
+
+def test_a_work_of_a_futureless_class_is_set_aside_and_marked_without_asking(rec: Any) -> None:
+    running = _FuturelessWork(finished=False)
+    done = _FuturelessWork(finished=True)
+    held = _issue(rec, "fsdp.all_gather")
+    _inflight.hold(held, running)
+    _inflight.sweep(rec, everything=False)  # unfinished at the head: set aside
+    assert (running.asked, _state(rec, held)) == (1, "started")
+    finished = _issue(rec, "fsdp.all_gather")
+    _inflight.hold(finished, done)
+    _inflight.sweep(rec, everything=False)  # finished: marked, its error read without asking
+    assert _state(rec, finished) == "completed"
+    assert _state(rec, held) == "completed"  # overtaken by the later op's completion
+    assert not _inflight.pending()
+
+
+def test_ferrodists_exchange_is_a_futureless_work() -> None:
+    from ferrodist._exchange import ExchangeWork
+
+    assert ExchangeWork in _inflight._futureless
+    with pytest.raises(RuntimeError, match="getFuture not implemented"):
+        ExchangeWork([]).get_future()  # what torch's futureless works raise, for their users
+
+
 def test_an_unobservable_op_completes_when_a_later_op_completes(rec: Any) -> None:
     work = _UnobservableWork(finished=False)  # gloo's reduce-scatter: never says it finished
     held = _issue(rec, "reduce_scatter")
