@@ -167,7 +167,7 @@ impl PyFlightRecorder {
                 key.push(0);
             }
         }
-        self.name_dtypes(&dtypes)?;
+        let untabled = self.name_dtypes(&dtypes)?;
         let what = {
             let mut parts = self.parts();
             let mut at = 0;
@@ -182,7 +182,7 @@ impl PyFlightRecorder {
             let tensors = match parts.tensors.get(&key[..]) {
                 Some(shared) if known => Arc::clone(shared),
                 _ => {
-                    let meta = Arc::new(tensor_meta(&key, &dtypes, &parts)?);
+                    let meta = Arc::new(tensor_meta(&key, &dtypes, &untabled, &parts));
                     if known {
                         if parts.tensors.len() >= TENSOR_SETS_KEPT {
                             parts.tensors.clear();
@@ -258,23 +258,36 @@ impl PyFlightRecorder {
     }
 
     /// Names each of `dtypes` not named yet (`str(dtype)` without its `torch.` prefix:
-    /// `float32`, as the Python side names dtypes), while the table has room. Python runs
-    /// outside the lock: it may switch threads, and another may then name a dtype.
-    fn name_dtypes(&self, dtypes: &[Bound<'_, PyAny>]) -> PyResult<()> {
+    /// `float32`, as the Python side names dtypes), in the table while it has room; returns,
+    /// per dtype, the name of one the full table does not hold (None: the table has it). All
+    /// Python runs outside the lock: it may switch threads, and another may then record.
+    fn name_dtypes(&self, dtypes: &[Bound<'_, PyAny>]) -> PyResult<SmallVec<[Option<String>; 4]>> {
+        let mut untabled = SmallVec::new();
         for dtype in dtypes {
-            {
+            let full = {
                 let parts = self.parts();
-                if parts.dtypes.len() >= DTYPES_KEPT || parts.dtype_index(dtype).is_some() {
+                if parts.dtype_index(dtype).is_some() {
+                    untabled.push(None);
                     continue;
                 }
-            }
+                parts.dtypes.len() >= DTYPES_KEPT
+            };
             let name = dtype_text(dtype)?;
+            if full {
+                untabled.push(Some(name));
+                continue;
+            }
             let mut parts = self.parts();
             if parts.dtypes.len() < DTYPES_KEPT && parts.dtype_index(dtype).is_none() {
                 parts.dtypes.push((dtype.clone().unbind(), name));
+                untabled.push(None);
+            } else if parts.dtype_index(dtype).is_some() {
+                untabled.push(None); // another thread tabled it meanwhile
+            } else {
+                untabled.push(Some(name)); // another thread filled the table meanwhile
             }
         }
-        Ok(())
+        Ok(untabled)
     }
 }
 
@@ -294,24 +307,27 @@ fn push_shape(tensor: &Bound<'_, PyAny>, out: &mut Dims) -> PyResult<()> {
 }
 
 /// The metadata that `key` (per tensor: dtype index, rank, dimensions) describes; a dtype the
-/// table does not hold is named from its object.
+/// table does not hold is named by `untabled` (from `name_dtypes`, which the table only grows
+/// after, so every dtype is one or the other).
 fn tensor_meta(
     key: &[i64],
     dtypes: &[Bound<'_, PyAny>],
+    untabled: &[Option<String>],
     parts: &SharedParts,
-) -> PyResult<TensorMeta> {
+) -> TensorMeta {
     let mut meta = TensorMeta::default();
     let mut at = 0;
-    for dtype in dtypes {
+    for (dtype, named) in dtypes.iter().zip(untabled) {
         let rank = key[at + 1] as usize;
         meta.shapes.push(key[at + 2..at + 2 + rank].to_vec());
-        meta.dtypes.push(match parts.dtype_index(dtype) {
-            Some(index) => parts.dtypes[index].1.clone(),
-            None => dtype_text(dtype)?,
+        meta.dtypes.push(match (parts.dtype_index(dtype), named) {
+            (Some(index), _) => parts.dtypes[index].1.clone(),
+            (None, Some(name)) => name.clone(),
+            (None, None) => String::new(), // not reached: see above
         });
         at += 2 + rank;
     }
-    Ok(meta)
+    meta
 }
 
 /// `str(dtype)` without its `torch.` prefix.

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 
 import pytest
 
@@ -124,6 +125,46 @@ def test_record_tensors_names_what_outgrows_its_shared_tables() -> None:
         assert entry["group"] == f"pg{i}" and entry["op"] == f"op{i % 7}"
         assert entry["shapes"] == [[i, 2]] and entry["dtypes"] == [f"fake{i % 40}"]
         assert entry["call_site"] == f"s.py:{i}"
+
+
+class _SlowDtype(_FakeDtype):
+    """A dtype whose name lets other threads run while it is made (``str`` releases the GIL)."""
+
+    def __str__(self) -> str:
+        time.sleep(0.05)
+        return super().__str__()
+
+
+def test_naming_a_dtype_the_full_table_cannot_hold_lets_other_threads_record() -> None:
+    # A binding that named it under its lock deadlocked here: the other thread waited for the
+    # lock holding the GIL, which the namer needed back. That blocks the whole process (no
+    # timeout can run without the GIL), so a regression shows as this test hanging.
+    rec = _native.FlightRecorder(1000)
+    tabled = [_FakeDtype(f"fake{i}") for i in range(32)]
+    for dtype in tabled:  # fill the table of dtypes
+        rec.record_tensors("WORLD", "x", [_FakeTensor((1,), dtype)], None, True, "a.py:1", False)
+    slow = _SlowDtype("slow")
+    stop = threading.Event()
+
+    def record_slow() -> None:
+        for _ in range(3):
+            tensors = [_FakeTensor((2,), slow)]
+            rec.record_tensors("WORLD", "y", tensors, None, True, "a.py:2", False)
+        stop.set()
+
+    def record_others() -> None:
+        while not stop.is_set():
+            tensors = [_FakeTensor((3,), tabled[0])]
+            rec.record_tensors("WORLD", "z", tensors, None, True, "a.py:3", False)
+
+    threads = [threading.Thread(target=f, daemon=True) for f in (record_slow, record_others)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert not any(t.is_alive() for t in threads), "a thread is stuck (a lock held across Python)"
+    named = {e["op"]: e["dtypes"] for e in rec.entries()}
+    assert named["y"] == ["slow"] and named["z"] == ["fake0"]
 
 
 def test_records_from_many_threads_get_unique_ids() -> None:
