@@ -167,22 +167,22 @@ impl PyFlightRecorder {
                 key.push(0);
             }
         }
-        let untabled = self.name_dtypes(&dtypes)?;
+        let dtype_names = self.name_dtypes(&dtypes)?;
         let what = {
             let mut parts = self.parts();
             let mut at = 0;
             let mut known = true;
-            for dtype in &dtypes {
-                match parts.dtype_index(dtype) {
-                    Some(index) => key[at] = index as i64,
-                    None => known = false, // a table full of other dtypes: not shared
+            for name in &dtype_names {
+                match name {
+                    DtypeName::Tabled(index) => key[at] = *index as i64,
+                    DtypeName::Untabled(_) => known = false, // the table is full: not shared
                 }
                 at += 2 + key[at + 1] as usize;
             }
             let tensors = match parts.tensors.get(&key[..]) {
                 Some(shared) if known => Arc::clone(shared),
                 _ => {
-                    let meta = Arc::new(tensor_meta(&key, &dtypes, &untabled, &parts));
+                    let meta = Arc::new(tensor_meta(&key, &dtype_names, &parts));
                     if known {
                         if parts.tensors.len() >= TENSOR_SETS_KEPT {
                             parts.tensors.clear();
@@ -257,38 +257,38 @@ impl PyFlightRecorder {
         self.parts.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Names each of `dtypes` not named yet (`str(dtype)` without its `torch.` prefix:
-    /// `float32`, as the Python side names dtypes), in the table while it has room; returns,
-    /// per dtype, the name of one the full table does not hold (None: the table has it). All
-    /// Python runs outside the lock: it may switch threads, and another may then record.
-    fn name_dtypes(&self, dtypes: &[Bound<'_, PyAny>]) -> PyResult<SmallVec<[Option<String>; 4]>> {
-        let mut untabled = SmallVec::new();
+    /// Each of `dtypes` as its place in the table, named there (`str(dtype)` without its
+    /// `torch.` prefix: `float32`, as the Python side names dtypes) if new and the table has
+    /// room, else by its name. The table never shrinks, so a place stays valid. All Python runs
+    /// outside the lock: it may switch threads, and another may then record.
+    fn name_dtypes(&self, dtypes: &[Bound<'_, PyAny>]) -> PyResult<SmallVec<[DtypeName; 4]>> {
+        let mut names = SmallVec::new();
         for dtype in dtypes {
-            let full = {
-                let parts = self.parts();
-                if parts.dtype_index(dtype).is_some() {
-                    untabled.push(None);
-                    continue;
-                }
-                parts.dtypes.len() >= DTYPES_KEPT
-            };
-            let name = dtype_text(dtype)?;
-            if full {
-                untabled.push(Some(name));
+            if let Some(index) = self.parts().dtype_index(dtype) {
+                names.push(DtypeName::Tabled(index));
                 continue;
             }
+            let name = dtype_text(dtype)?;
             let mut parts = self.parts();
-            if parts.dtypes.len() < DTYPES_KEPT && parts.dtype_index(dtype).is_none() {
-                parts.dtypes.push((dtype.clone().unbind(), name));
-                untabled.push(None);
-            } else if parts.dtype_index(dtype).is_some() {
-                untabled.push(None); // another thread tabled it meanwhile
-            } else {
-                untabled.push(Some(name)); // another thread filled the table meanwhile
-            }
+            // Another thread may have tabled it, or filled the table, meanwhile.
+            names.push(match parts.dtype_index(dtype) {
+                Some(index) => DtypeName::Tabled(index),
+                None if parts.dtypes.len() < DTYPES_KEPT => {
+                    parts.dtypes.push((dtype.clone().unbind(), name));
+                    DtypeName::Tabled(parts.dtypes.len() - 1)
+                }
+                None => DtypeName::Untabled(name),
+            });
         }
-        Ok(untabled)
+        Ok(names)
     }
+}
+
+/// Where an op's dtype is named: its place in [`SharedParts::dtypes`], or its own name when
+/// the table is full.
+enum DtypeName {
+    Tabled(usize),
+    Untabled(String),
 }
 
 /// Appends a tensor's dimensions: `torch.Size` is a tuple, read item by item without the
@@ -306,24 +306,17 @@ fn push_shape(tensor: &Bound<'_, PyAny>, out: &mut Dims) -> PyResult<()> {
     Ok(())
 }
 
-/// The metadata that `key` (per tensor: dtype index, rank, dimensions) describes; a dtype the
-/// table does not hold is named by `untabled` (from `name_dtypes`, which the table only grows
-/// after, so every dtype is one or the other).
-fn tensor_meta(
-    key: &[i64],
-    dtypes: &[Bound<'_, PyAny>],
-    untabled: &[Option<String>],
-    parts: &SharedParts,
-) -> TensorMeta {
+/// The metadata that `key` (per tensor: dtype index, rank, dimensions) and the tensors'
+/// `dtype_names` describe.
+fn tensor_meta(key: &[i64], dtype_names: &[DtypeName], parts: &SharedParts) -> TensorMeta {
     let mut meta = TensorMeta::default();
     let mut at = 0;
-    for (dtype, named) in dtypes.iter().zip(untabled) {
+    for name in dtype_names {
         let rank = key[at + 1] as usize;
         meta.shapes.push(key[at + 2..at + 2 + rank].to_vec());
-        meta.dtypes.push(match (parts.dtype_index(dtype), named) {
-            (Some(index), _) => parts.dtypes[index].1.clone(),
-            (None, Some(name)) => name.clone(),
-            (None, None) => String::new(), // not reached: see above
+        meta.dtypes.push(match name {
+            DtypeName::Tabled(index) => parts.dtypes[*index].1.clone(),
+            DtypeName::Untabled(name) => name.clone(),
         });
         at += 2 + rank;
     }
